@@ -1,0 +1,1 @@
+"""Pydantic models shared by every layer: events, messages, parts, inputs, errors."""

@@ -1,0 +1,343 @@
+"""The typed catalogue of durable session events (reference §8.1).
+
+One model per event type, tagged by a ``Literal`` ``type``; the stored type name carries the
+version (``session.step.started.1``). Every event carries ``session_id``, the aggregate field.
+Deltas (text, reasoning, tool input) are stored too, so a reconnecting watcher replays tokens,
+but projections ignore them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, TypeAdapter
+
+from sessionflow.models.common import (
+    ContentPart,
+    Delivery,
+    Model,
+    ModelRef,
+    Prompt,
+    SessionError,
+    Tokens,
+)
+
+
+class Event(Model):
+    """Base of every durable event. ``version`` is part of the stored type name."""
+
+    version: ClassVar[int] = 1
+    aggregate_field: ClassVar[str] = "session_id"
+
+    type: str
+    session_id: str
+
+    @classmethod
+    def event_type(cls) -> str:
+        default = cls.model_fields["type"].default
+        assert isinstance(default, str), f"{cls.__name__} needs a literal type default"
+        return default
+
+    @classmethod
+    def stored_type(cls) -> str:
+        return f"{cls.event_type()}.{cls.version}"
+
+    @property
+    def aggregate_id(self) -> str:
+        value = getattr(self, self.aggregate_field)
+        assert isinstance(value, str)
+        return value
+
+
+# --- session lifecycle --------------------------------------------------------------------------
+
+
+class SessionCreated(Event):
+    type: Literal["session.created"] = "session.created"
+    directory: str
+    title: str = ""
+    model: ModelRef | None = None
+    agent: str | None = None
+    workspace_id: str | None = None
+    parent_id: str | None = None
+    settings: dict[str, Any] | None = None
+
+
+class SessionRenamed(Event):
+    type: Literal["session.renamed"] = "session.renamed"
+    title: str
+
+
+class ModelSelected(Event):
+    type: Literal["session.model.selected"] = "session.model.selected"
+    model: ModelRef
+
+
+class AgentSelected(Event):
+    type: Literal["session.agent.selected"] = "session.agent.selected"
+    agent: str
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+class PromptAdmitted(Event):
+    type: Literal["session.prompt.admitted"] = "session.prompt.admitted"
+    input_id: str
+    prompt: Prompt
+    delivery: Delivery
+
+
+class PromptPromoted(Event):
+    type: Literal["session.prompt.promoted"] = "session.prompt.promoted"
+    input_id: str
+
+
+class CompactionAdmitted(Event):
+    type: Literal["session.compaction.admitted"] = "session.compaction.admitted"
+    input_id: str
+
+
+class CompactionStarted(Event):
+    type: Literal["session.compaction.started"] = "session.compaction.started"
+    input_id: str | None = None
+
+
+class CompactionEnded(Event):
+    type: Literal["session.compaction.ended"] = "session.compaction.ended"
+    input_id: str | None = None
+    reason: Literal["auto", "manual"] = "manual"
+    summary: str
+    recent: str = ""
+
+
+class CompactionFailed(Event):
+    type: Literal["session.compaction.failed"] = "session.compaction.failed"
+    input_id: str | None = None
+    error: SessionError
+
+
+class Synthetic(Event):
+    type: Literal["session.synthetic"] = "session.synthetic"
+    text: str
+    description: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class InstructionsUpdated(Event):
+    type: Literal["session.instructions.updated"] = "session.instructions.updated"
+    text: str
+
+
+# --- executions (busy periods) ------------------------------------------------------------------
+
+
+class ExecutionStarted(Event):
+    type: Literal["session.execution.started"] = "session.execution.started"
+    execution_id: str
+
+
+class ExecutionSucceeded(Event):
+    type: Literal["session.execution.succeeded"] = "session.execution.succeeded"
+    execution_id: str
+
+
+class ExecutionFailed(Event):
+    type: Literal["session.execution.failed"] = "session.execution.failed"
+    execution_id: str
+    error: SessionError
+
+
+class ExecutionInterrupted(Event):
+    type: Literal["session.execution.interrupted"] = "session.execution.interrupted"
+    execution_id: str
+    reason: str = "user"
+
+
+# --- steps --------------------------------------------------------------------------------------
+
+
+class StepStarted(Event):
+    type: Literal["session.step.started"] = "session.step.started"
+    assistant_message_id: str
+    agent: str
+    model: ModelRef
+    attempt: int = 1
+
+
+class StepEnded(Event):
+    type: Literal["session.step.ended"] = "session.step.ended"
+    assistant_message_id: str
+    finish: str
+    cost: float = 0.0
+    tokens: Tokens = Tokens()
+    files: tuple[str, ...] = ()
+
+
+class StepFailed(Event):
+    type: Literal["session.step.failed"] = "session.step.failed"
+    assistant_message_id: str
+    error: SessionError
+    cost: float | None = None
+    tokens: Tokens | None = None
+
+
+class RetryScheduled(Event):
+    type: Literal["session.retry.scheduled"] = "session.retry.scheduled"
+    assistant_message_id: str
+    attempt: int
+    at: int = Field(description="epoch ms when the next attempt starts")
+    error: SessionError
+
+
+# --- text and reasoning -------------------------------------------------------------------------
+
+
+class TextStarted(Event):
+    type: Literal["session.text.started"] = "session.text.started"
+    assistant_message_id: str
+    ordinal: int
+
+
+class TextDelta(Event):
+    type: Literal["session.text.delta"] = "session.text.delta"
+    assistant_message_id: str
+    ordinal: int
+    delta: str
+
+
+class TextEnded(Event):
+    type: Literal["session.text.ended"] = "session.text.ended"
+    assistant_message_id: str
+    ordinal: int
+    text: str
+
+
+class ReasoningStarted(Event):
+    type: Literal["session.reasoning.started"] = "session.reasoning.started"
+    assistant_message_id: str
+    ordinal: int
+    state: dict[str, Any] | None = None
+
+
+class ReasoningDelta(Event):
+    type: Literal["session.reasoning.delta"] = "session.reasoning.delta"
+    assistant_message_id: str
+    ordinal: int
+    delta: str
+
+
+class ReasoningEnded(Event):
+    type: Literal["session.reasoning.ended"] = "session.reasoning.ended"
+    assistant_message_id: str
+    ordinal: int
+    text: str
+    state: dict[str, Any] | None = None
+
+
+# --- tools --------------------------------------------------------------------------------------
+
+
+class ToolInputStarted(Event):
+    type: Literal["session.tool.input.started"] = "session.tool.input.started"
+    assistant_message_id: str
+    call_id: str
+    name: str
+
+
+class ToolInputDelta(Event):
+    type: Literal["session.tool.input.delta"] = "session.tool.input.delta"
+    assistant_message_id: str
+    call_id: str
+    delta: str
+
+
+class ToolInputEnded(Event):
+    type: Literal["session.tool.input.ended"] = "session.tool.input.ended"
+    assistant_message_id: str
+    call_id: str
+    text: str
+
+
+class ToolCalled(Event):
+    type: Literal["session.tool.called"] = "session.tool.called"
+    assistant_message_id: str
+    call_id: str
+    name: str
+    input: dict[str, Any]
+    executed: bool = False
+    state: dict[str, Any] | None = None
+
+
+class ToolProgress(Event):
+    type: Literal["session.tool.progress"] = "session.tool.progress"
+    assistant_message_id: str
+    call_id: str
+    structured: dict[str, Any] = Field(default_factory=dict)
+    content: tuple[ContentPart, ...] = ()
+
+
+class ToolSucceeded(Event):
+    type: Literal["session.tool.success"] = "session.tool.success"
+    assistant_message_id: str
+    call_id: str
+    structured: dict[str, Any] = Field(default_factory=dict)
+    content: tuple[ContentPart, ...] = ()
+    output_paths: tuple[str, ...] = ()
+    result: Any = None
+    executed: bool = False
+    result_state: dict[str, Any] | None = None
+
+
+class ToolFailed(Event):
+    type: Literal["session.tool.failed"] = "session.tool.failed"
+    assistant_message_id: str
+    call_id: str
+    error: SessionError
+    result: Any = None
+    executed: bool = False
+    result_state: dict[str, Any] | None = None
+
+
+SessionEvent = Annotated[
+    SessionCreated
+    | SessionRenamed
+    | ModelSelected
+    | AgentSelected
+    | PromptAdmitted
+    | PromptPromoted
+    | CompactionAdmitted
+    | CompactionStarted
+    | CompactionEnded
+    | CompactionFailed
+    | Synthetic
+    | InstructionsUpdated
+    | ExecutionStarted
+    | ExecutionSucceeded
+    | ExecutionFailed
+    | ExecutionInterrupted
+    | StepStarted
+    | StepEnded
+    | StepFailed
+    | RetryScheduled
+    | TextStarted
+    | TextDelta
+    | TextEnded
+    | ReasoningStarted
+    | ReasoningDelta
+    | ReasoningEnded
+    | ToolInputStarted
+    | ToolInputDelta
+    | ToolInputEnded
+    | ToolCalled
+    | ToolProgress
+    | ToolSucceeded
+    | ToolFailed,
+    Field(discriminator="type"),
+]
+
+SESSION_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(SessionEvent)
+
+DELTA_TYPES: frozenset[str] = frozenset(
+    {TextDelta.event_type(), ReasoningDelta.event_type(), ToolInputDelta.event_type()}
+)

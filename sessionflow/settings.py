@@ -1,0 +1,44 @@
+"""Settings, read once at the edge into one frozen object.
+
+Environment variables (all optional):
+
+- ``SESSIONFLOW_DATABASE_URL``: SQLAlchemy URL of the store. Default: a SQLite file
+  ``.sessionflow/sessionflow.db`` under the working directory. PostgreSQL:
+  ``postgresql+psycopg://user@host/db``.
+- ``SESSIONFLOW_LEASE_MS``: claim lease in milliseconds (default 30000); renewals every lease/3.
+- ``SESSIONFLOW_MAX_EVENT_BYTES``: largest encoded event payload accepted (default 4 MiB).
+- ``SESSIONFLOW_POLL_INTERVAL_MS``: how often followers poll when no doorbell rings
+  (default 100 on SQLite, 1000 on PostgreSQL where LISTEN/NOTIFY is the doorbell).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///.sessionflow/sessionflow.db"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    database_url: str = DEFAULT_DATABASE_URL
+    lease_ms: int = Field(default=30_000, ge=1_000)
+    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    poll_interval_ms: int | None = Field(default=None, ge=10)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field, name in (
+            ("database_url", "SESSIONFLOW_DATABASE_URL"),
+            ("lease_ms", "SESSIONFLOW_LEASE_MS"),
+            ("max_event_bytes", "SESSIONFLOW_MAX_EVENT_BYTES"),
+            ("poll_interval_ms", "SESSIONFLOW_POLL_INTERVAL_MS"),
+        ):
+            if env.get(name):
+                values[field] = env[name]
+        return cls.model_validate(values)

@@ -1,0 +1,356 @@
+"""The claim: a database lease that mirrors which execution owns a session, and fences the rest.
+
+Invariants (DESIGN "The claim"):
+
+- A live match is the same session, execution id, owner id and epoch with ``expires_at`` after
+  the *database* clock. Epochs strictly increase per session across every claim ever taken
+  (the last one issued is kept on the session row, which outlives released claims).
+- ``renew`` moves ``expires_at`` to db-now + lease only for a live match: an expired claim never
+  renews itself; only a new acquisition, with a new epoch, revives the session.
+- ``fenced`` opens a write transaction that renews first (which locks the claim row on
+  PostgreSQL; SQLite write transactions are exclusive), so a takeover waits for it or it fails
+  with ``ClaimLostError`` and rolls back everything it wrote.
+- Lock order is claim row, then session row, in every transaction, so they cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from sessionflow.errors import (
+    ClaimHeldError,
+    ClaimLostError,
+    SessionNotFoundError,
+    StaleAttemptError,
+)
+from sessionflow.ids import validate_id
+from store.db import Database, Stamp, Tx
+from store.dialect import for_update, insert, now_ms
+from store.schema import execution_table, recovery_table, session_table
+
+Phase = Literal["ready", "unknown", "continue"]
+_x = execution_table.c
+
+
+@dataclass(frozen=True)
+class Claim:
+    session_id: str
+    execution_id: str
+    owner_id: str
+    epoch: int
+    expires_at: int
+    lease_ms: int
+    phase: Phase = "ready"
+    step_attempt: int = 0
+    assistant_message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A dead execution whose session the next drain must recover."""
+
+    session_id: str
+    execution_id: str
+    phase: Phase
+    continuation_message_id: str | None
+    wake_pending: bool
+    recovery_error: str | None
+    attempts: int
+    time_created: int
+
+
+class Claims:
+    def __init__(self, db: Database, *, lease_ms: int = 30_000) -> None:
+        self.db = db
+        self.lease_ms = lease_ms
+
+    # --- acquire --------------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        session_id: str,
+        execution_id: str,
+        owner_id: str,
+        *,
+        lease_ms: int | None = None,
+    ) -> Claim:
+        """Claim the session for ``execution_id``.
+
+        A live claim of another execution raises ``ClaimHeldError`` (with its expiry); an expired
+        one is taken over in the same transaction, which records a recovery row for the dead
+        execution. Acquiring again for the same live execution and owner returns its claim.
+        """
+        validate_id(session_id)
+        validate_id(execution_id, "execution")
+        lease = lease_ms or self.lease_ms
+        async with self.db.write() as tx:
+            return await self._acquire(tx, session_id, execution_id, owner_id, lease)
+
+    async def _acquire(
+        self, tx: Tx, session_id: str, execution_id: str, owner_id: str, lease: int
+    ) -> Claim:
+        now = await self._now(tx)
+        last_epoch = await self._session_epoch(tx, session_id)
+        current = await self._lock_current(tx, session_id)
+        if current is None:
+            claim = self._new_claim(session_id, execution_id, owner_id, last_epoch + 1, now, lease)
+            values = _claim_values(claim, now)
+            inserted = await tx.conn.execute(
+                insert(tx.dialect, execution_table)
+                .values(**values)
+                .on_conflict_do_nothing(index_elements=[_x.session_id])
+                .returning(_x.id)
+            )
+            if inserted.scalar_one_or_none() is None:
+                # Another acquirer committed first; its claim is live by construction.
+                current = await self._lock_current(tx, session_id)
+                assert current is not None
+                raise ClaimHeldError(session_id, current.id, int(current.expires_at))
+        elif current.expires_at > now:
+            if current.id == execution_id and current.owner_id == owner_id:
+                return await self._renew_in(tx, _row_claim(current, lease), None)
+            raise ClaimHeldError(session_id, current.id, int(current.expires_at))
+        else:
+            epoch = max(last_epoch, int(current.epoch)) + 1
+            claim = self._new_claim(session_id, execution_id, owner_id, epoch, now, lease)
+            await self._record_recovery(tx, current, now)
+            await tx.conn.execute(
+                execution_table.update()
+                .where(_x.session_id == session_id, _x.id == current.id)
+                .values(**_claim_values(claim, now))
+            )
+        await tx.conn.execute(
+            session_table.update()
+            .where(session_table.c.id == session_id)
+            .values(claim_epoch=claim.epoch)
+        )
+        return claim
+
+    def _new_claim(
+        self, session_id: str, execution_id: str, owner_id: str, epoch: int, now: int, lease: int
+    ) -> Claim:
+        return Claim(session_id, execution_id, owner_id, epoch, now + lease, lease)
+
+    async def _now(self, tx: Tx) -> int:
+        return int((await tx.conn.execute(sa.select(now_ms(tx.dialect)))).scalar_one())
+
+    async def _session_epoch(self, tx: Tx, session_id: str) -> int:
+        query = sa.select(session_table.c.claim_epoch).where(session_table.c.id == session_id)
+        epoch = (await tx.conn.execute(query)).scalar_one_or_none()
+        if epoch is None:
+            raise SessionNotFoundError(session_id)
+        return int(epoch)
+
+    async def _lock_current(self, tx: Tx, session_id: str) -> Any:
+        query = sa.select(execution_table).where(_x.session_id == session_id)
+        return (await tx.conn.execute(for_update(tx.dialect, query))).one_or_none()
+
+    async def _record_recovery(self, tx: Tx, dead: Any, now: int) -> None:
+        # The resume budget belongs to the orphaned turn: a recovery that dies again inherits
+        # the attempts already counted (rows are cleared only by a terminal event).
+        inherited = sa.select(sa.func.coalesce(sa.func.max(recovery_table.c.attempts), 0)).where(
+            recovery_table.c.session_id == dead.session_id
+        )
+        attempts = int((await tx.conn.execute(inherited)).scalar_one())
+        await tx.conn.execute(
+            insert(tx.dialect, recovery_table)
+            .values(
+                session_id=dead.session_id,
+                execution_id=dead.id,
+                phase=dead.phase,
+                continuation_message_id=dead.assistant_message_id,
+                wake_pending=True,
+                attempts=attempts,
+                time_created=now,
+            )
+            .on_conflict_do_nothing()
+        )
+
+    # --- renew, release, phase ------------------------------------------------------------------
+
+    async def renew(self, claim: Claim) -> Claim:
+        """Extend a live claim by its lease; ``ClaimLostError`` if it is not live any more."""
+        async with self.db.write() as tx:
+            return await self._renew_in(tx, claim, None)
+
+    async def release(self, claim: Claim) -> None:
+        """Delete the claim (same fence); ``ClaimLostError`` if it was not live."""
+        async with self.db.write() as tx:
+            result = await tx.conn.execute(
+                execution_table.delete().where(*_fence(claim, tx)).returning(_x.id)
+            )
+            if result.scalar_one_or_none() is None:
+                raise await self._lost(tx, claim)
+
+    async def set_phase(
+        self,
+        claim: Claim,
+        phase: Phase,
+        *,
+        assistant_message_id: str | None = None,
+        step_attempt: int | None = None,
+    ) -> Claim:
+        """Record what the execution is doing, so a takeover knows how to recover it."""
+        async with self.fenced(claim, step_attempt=step_attempt) as tx:
+            await tx.conn.execute(
+                execution_table.update()
+                .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
+                .values(phase=phase, assistant_message_id=assistant_message_id)
+            )
+        return replace(claim, phase=phase, assistant_message_id=assistant_message_id)
+
+    @asynccontextmanager
+    async def fenced(self, claim: Claim, *, step_attempt: int | None = None) -> AsyncIterator[Tx]:
+        """A write transaction that exists only while ``claim`` is live.
+
+        It renews first; a lost claim or a stale ``step_attempt`` raises before anything else
+        runs, and any later failure rolls back everything written inside.
+        """
+        async with self.db.write(stamp=Stamp(claim.execution_id, claim.epoch)) as tx:
+            await self._renew_in(tx, claim, step_attempt)
+            yield tx
+
+    async def _renew_in(self, tx: Tx, claim: Claim, step_attempt: int | None) -> Claim:
+        values: dict[str, Any] = {"expires_at": now_ms(tx.dialect) + claim.lease_ms}
+        conditions = list(_fence(claim, tx))
+        if step_attempt is not None:
+            values["step_attempt"] = step_attempt
+            conditions.append(_x.step_attempt <= step_attempt)
+        result = await tx.conn.execute(
+            execution_table.update()
+            .where(*conditions)
+            .values(**values)
+            .returning(_x.expires_at, _x.step_attempt, _x.phase, _x.assistant_message_id)
+        )
+        row = result.one_or_none()
+        if row is None:
+            raise await self._lost(tx, claim, step_attempt)
+        return replace(
+            claim,
+            expires_at=int(row.expires_at),
+            step_attempt=int(row.step_attempt),
+            phase=row.phase,
+            assistant_message_id=row.assistant_message_id,
+        )
+
+    async def _lost(
+        self, tx: Tx, claim: Claim, step_attempt: int | None = None
+    ) -> ClaimLostError:
+        query = sa.select(execution_table, now_ms(tx.dialect).label("now")).where(
+            _x.session_id == claim.session_id
+        )
+        row = (await tx.conn.execute(query)).one_or_none()
+        if row is None:
+            return ClaimLostError(claim.session_id, claim.execution_id, "the claim was released")
+        if row.id != claim.execution_id or row.epoch != claim.epoch:
+            reason = f"taken over by execution {row.id} (epoch {row.epoch})"
+            return ClaimLostError(claim.session_id, claim.execution_id, reason)
+        if row.owner_id != claim.owner_id:
+            reason = f"owned by {row.owner_id}, not {claim.owner_id}"
+            return ClaimLostError(claim.session_id, claim.execution_id, reason)
+        if row.expires_at <= row.now:
+            reason = f"the lease expired at {row.expires_at} (database clock {row.now})"
+            return ClaimLostError(claim.session_id, claim.execution_id, reason)
+        assert step_attempt is not None
+        return StaleAttemptError(
+            claim.session_id, claim.execution_id, step_attempt, int(row.step_attempt)
+        )
+
+    # --- reads and recovery ---------------------------------------------------------------------
+
+    async def current(self, session_id: str) -> Claim | None:
+        """The session's claim row, live or expired (None when released)."""
+        async with self.db.read() as conn:
+            query = sa.select(execution_table).where(_x.session_id == session_id)
+            row = (await conn.execute(query)).one_or_none()
+        return None if row is None else _row_claim(row, self.lease_ms)
+
+    async def expired(self, *, limit: int = 100) -> list[str]:
+        """Sessions whose claim expired without a release: candidates for recovery."""
+        async with self.db.read() as conn:
+            query = (
+                sa.select(_x.session_id)
+                .where(_x.expires_at <= now_ms(self.db.dialect))
+                .order_by(_x.expires_at)
+                .limit(limit)
+            )
+            return list((await conn.execute(query)).scalars())
+
+    async def recoveries(self, session_id: str) -> list[Recovery]:
+        """Pending recoveries: ``wake_pending`` without error, oldest first, then execution id."""
+        r = recovery_table.c
+        query = (
+            sa.select(recovery_table)
+            .where(r.session_id == session_id, r.wake_pending, r.recovery_error.is_(None))
+            .order_by(r.time_created, r.execution_id)
+        )
+        async with self.db.read() as conn:
+            return [Recovery(**row._mapping) for row in (await conn.execute(query)).all()]
+
+    async def begin_recovery(self, tx: Tx, recovery: Recovery) -> int:
+        """Count one resume of ``recovery`` durably (inside a fenced ``tx``); returns the count."""
+        r = recovery_table.c
+        result = await tx.conn.execute(
+            recovery_table.update()
+            .where(r.session_id == recovery.session_id, r.execution_id == recovery.execution_id)
+            .values(attempts=r.attempts + 1, wake_pending=False)
+            .returning(r.attempts)
+        )
+        return int(result.scalar_one())
+
+    async def fail_recovery(self, tx: Tx, recovery: Recovery, error: str) -> None:
+        r = recovery_table.c
+        await tx.conn.execute(
+            recovery_table.update()
+            .where(r.session_id == recovery.session_id, r.execution_id == recovery.execution_id)
+            .values(recovery_error=error, wake_pending=False)
+        )
+
+    async def clear_recoveries(self, tx: Tx, session_id: str) -> None:
+        """Forget the session's recoveries: a terminal event ended the orphaned turn."""
+        await tx.conn.execute(
+            recovery_table.delete().where(recovery_table.c.session_id == session_id)
+        )
+
+
+def _fence(claim: Claim, tx: Tx) -> tuple[sa.ColumnElement[bool], ...]:
+    return (
+        _x.session_id == claim.session_id,
+        _x.id == claim.execution_id,
+        _x.owner_id == claim.owner_id,
+        _x.epoch == claim.epoch,
+        _x.expires_at > now_ms(tx.dialect),
+    )
+
+
+def _claim_values(claim: Claim, now: int) -> dict[str, Any]:
+    return {
+        "id": claim.execution_id,
+        "session_id": claim.session_id,
+        "owner_id": claim.owner_id,
+        "epoch": claim.epoch,
+        "phase": "ready",
+        "assistant_message_id": None,
+        "step_attempt": 0,
+        "time_created": now,
+        "expires_at": claim.expires_at,
+    }
+
+
+def _row_claim(row: Any, lease_ms: int) -> Claim:
+    return Claim(
+        session_id=row.session_id,
+        execution_id=row.id,
+        owner_id=row.owner_id,
+        epoch=int(row.epoch),
+        expires_at=int(row.expires_at),
+        lease_ms=lease_ms,
+        phase=row.phase,
+        step_attempt=int(row.step_attempt),
+        assistant_message_id=row.assistant_message_id,
+    )

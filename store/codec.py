@@ -1,0 +1,41 @@
+"""The one text normalization of the store, identical on SQLite and PostgreSQL.
+
+Every JSON document we store (event payloads, message data, prompts) is written by ``dumps``:
+compact JSON, non-ASCII kept as UTF-8, and two escapes that make any Python string storable:
+
+- NUL is written as ``\\u0000`` (JSON's own escape), because PostgreSQL ``text`` rejects the byte;
+- a lone surrogate (U+D800 to U+DFFF) is written as its ``\\udXXX`` escape, because neither
+  driver can encode it to UTF-8.
+
+``loads`` restores the exact string. Invalid UTF-8 from a subprocess or a file should be decoded
+with ``errors="surrogateescape"``: its bytes become lone surrogates U+DC80..U+DCFF, survive the
+round trip, and ``encode("utf-8", "surrogateescape")`` gives back the original bytes.
+
+Plain text columns (a session's title and directory) are search copies: ``column_text`` replaces
+NUL and lone surrogates with U+FFFD there; the event keeps the exact original.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def dumps(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _SURROGATE.sub(_escape, text)
+
+
+def loads(text: str | bytes) -> Any:
+    return json.loads(text)
+
+
+def column_text(value: str) -> str:
+    return _SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))

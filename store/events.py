@@ -1,0 +1,585 @@
+"""The event store (reference §2): an ordered, gap-free, per-aggregate log of typed events.
+
+Every append is one transaction: the aggregate's sequence row is bumped (which locks it on
+PostgreSQL, and SQLite write transactions are exclusive), projectors and the optional commit hook
+run, the event rows are inserted, and on PostgreSQL a NOTIFY is queued; all of it commits or none
+of it does. Because the sequence row stays locked until commit, an aggregate's events commit in
+seq order, so a follower's cursor can never skip an event that commits late.
+
+Publishing is idempotent by event id: republishing an identical event returns the stored one
+without projecting again (activity retries rely on this); a different event under a used id is
+refused. Replay implements reference §2.4, owner fencing included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from sessionflow.errors import (
+    InvalidDurableEventError,
+    PayloadTooLargeError,
+    SequenceConflictError,
+)
+from sessionflow.ids import event_id, validate_id
+from sessionflow.models.events import Event
+from store import codec
+from store.db import Database, Tx
+from store.dialect import NOTIFY_CHANNEL, for_update, insert, is_unique_violation
+from store.notify import Notifier
+from store.registry import EventRegistry
+from store.schema import event_table, sequence_table
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 512
+
+Projector = Callable[[Tx, "StoredEvent"], Awaitable[None]]
+CommitHook = Callable[[Tx, int], Awaitable[None]]
+Listener = Callable[["StoredEvent"], None]
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event as committed: its place in the aggregate and the claim it was written under."""
+
+    id: str
+    aggregate_id: str
+    seq: int
+    created: int
+    type: str
+    data: Event
+    execution_id: str | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The ``log.synced`` marker: history up to ``seq`` was delivered (None for an empty log)."""
+
+    aggregate_id: str
+    seq: int | None
+    type: Literal["log.synced"] = "log.synced"
+
+
+@dataclass(frozen=True)
+class SerializedEvent:
+    """An event from elsewhere (another replica, a backup) to replay at a fixed position."""
+
+    id: str
+    type: str
+    seq: int
+    aggregate_id: str
+    data: dict[str, Any]
+    created: int | None = None
+
+
+@dataclass(frozen=True)
+class Page:
+    events: list[StoredEvent]
+    cursor: int
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    event: Event
+    id: str
+    explicit_id: bool
+    created: int
+    encoded: str
+    data: dict[str, Any]
+
+
+class EventStore:
+    def __init__(
+        self,
+        db: Database,
+        notifier: Notifier,
+        *,
+        registry: EventRegistry | None = None,
+        max_event_bytes: int = 4 * 1024 * 1024,
+        page_size: int = PAGE_SIZE,
+        poll_interval: float = 0.1,
+    ) -> None:
+        self.db = db
+        self.notifier = notifier
+        self.registry = registry or EventRegistry.sessions()
+        self.max_event_bytes = max_event_bytes
+        self.page_size = page_size
+        self.poll_interval = poll_interval
+        self._projectors: dict[type[Event], list[Projector]] = {}
+        self._listeners: list[Listener] = []
+
+    # --- registration ---------------------------------------------------------------------------
+
+    def project(self, cls: type[Event], projector: Projector) -> None:
+        """Run ``projector`` inside the transaction of every ``cls`` event, in registration order."""
+        self.registry.register(cls)
+        self._projectors.setdefault(cls, []).append(projector)
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` after each commit; its failures are logged, never raised."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    # --- publish --------------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        event: Event,
+        *,
+        id: str | None = None,
+        created: int | None = None,
+        commit: CommitHook | None = None,
+        tx: Tx | None = None,
+    ) -> StoredEvent:
+        prepared = self._prepare(event, id, created)
+        if tx is not None:
+            return (await self._append(tx, [prepared], commit))[0]
+        async with self.db.write() as own:
+            return (await self._append(own, [prepared], commit))[0]
+
+    async def publish_many(
+        self, events: Iterable[Event | tuple[Event, str]], *, tx: Tx | None = None
+    ) -> list[StoredEvent]:
+        """Append a batch atomically: every event or none (an invalid one refuses the batch)."""
+        prepared = [
+            self._prepare(item[0], item[1], None)
+            if isinstance(item, tuple)
+            else self._prepare(item, None, None)
+            for item in events
+        ]
+        if not prepared:
+            return []
+        if tx is not None:
+            return await self._append(tx, prepared, None)
+        async with self.db.write() as own:
+            return await self._append(own, prepared, None)
+
+    def _prepare(self, event: Event, id: str | None, created: int | None) -> _Prepared:
+        if not self.registry.knows(event.stored_type()):
+            self.registry.register(type(event))
+        aggregate = getattr(event, event.aggregate_field, None)
+        if not isinstance(aggregate, str):
+            raise InvalidDurableEventError(
+                f"Expected string aggregate field {event.aggregate_field}",
+                event_type=event.stored_type(),
+            )
+        validate_id(aggregate, "aggregate")
+        if id is not None:
+            validate_id(id, "event")
+        data = event.model_dump(mode="json")
+        encoded = codec.dumps(data)
+        size = len(encoded.encode("utf-8"))
+        if size > self.max_event_bytes:
+            raise PayloadTooLargeError(f"Event {event.stored_type()}", size, self.max_event_bytes)
+        return _Prepared(
+            event=event,
+            id=id or event_id(),
+            explicit_id=id is not None,
+            created=created if created is not None else int(time.time() * 1000),
+            encoded=encoded,
+            data=data,
+        )
+
+    async def _append(
+        self, tx: Tx, batch: Sequence[_Prepared], commit: CommitHook | None
+    ) -> list[StoredEvent]:
+        existing = await self._existing_ids(tx.conn, [p.id for p in batch if p.explicit_id])
+        fresh = [p for p in batch if p.id not in existing]
+        results = {p.id: _same_or_refuse(existing[p.id], p) for p in batch if p.id in existing}
+        last = await self._allocate(tx, Counter(p.event.aggregate_id for p in fresh))
+        first = {agg: seq - n + 1 for agg, (seq, n) in last.items()}
+        rows = []
+        for p in fresh:
+            agg = p.event.aggregate_id
+            seq, first[agg] = first[agg], first[agg] + 1
+            stored = StoredEvent(
+                p.id,
+                agg,
+                seq,
+                p.created,
+                p.event.stored_type(),
+                p.event,
+                tx.stamp.execution_id if tx.stamp else None,
+                tx.stamp.epoch if tx.stamp else None,
+            )
+            for projector in self._projectors.get(type(p.event), ()):
+                await projector(tx, stored)
+            if commit is not None:
+                await commit(tx, seq)
+            rows.append(_row(stored, p.encoded))
+            results[p.id] = stored
+        if rows:
+            await self._insert(tx, rows)
+            self._after_commit(tx, [results[p.id] for p in fresh], publish=True)
+        return [results[p.id] for p in batch]
+
+    async def _existing_ids(self, conn: AsyncConnection, ids: list[str]) -> dict[str, Any]:
+        if not ids:
+            return {}
+        query = sa.select(event_table).where(event_table.c.id.in_(ids))
+        return {row.id: row for row in (await conn.execute(query)).all()}
+
+    async def _allocate(self, tx: Tx, counts: Counter[str]) -> dict[str, tuple[int, int]]:
+        """Reserve ``n`` seqs per aggregate; returns the last reserved seq and ``n``."""
+        last: dict[str, tuple[int, int]] = {}
+        for agg, n in counts.items():
+            statement = insert(tx.dialect, sequence_table).values(aggregate_id=agg, seq=n - 1)
+            statement = statement.on_conflict_do_update(
+                index_elements=[sequence_table.c.aggregate_id],
+                set_={"seq": sequence_table.c.seq + n},
+            ).returning(sequence_table.c.seq)
+            seq = (await tx.conn.execute(statement)).scalar_one()
+            last[agg] = (seq, n)
+        return last
+
+    async def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
+        try:
+            await tx.conn.execute(event_table.insert(), rows)
+        except IntegrityError as error:
+            if not is_unique_violation(error):
+                raise
+            first = rows[0]
+            text = str(error.orig)
+            if "pk_event" in text or "event.id" in text:
+                raise InvalidDurableEventError(
+                    f"Event {first['id']} already exists (committed concurrently); "
+                    f"retry the publish to get the stored event"
+                ) from error
+            raise SequenceConflictError(first["aggregate_id"], first["seq"]) from error
+        if tx.dialect == "postgresql":
+            latest: dict[str, int] = {}
+            for row in rows:
+                latest[row["aggregate_id"]] = row["seq"]
+            for agg, seq in latest.items():
+                await tx.conn.execute(
+                    sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, f"{agg} {seq}"))
+                )
+
+    def _after_commit(self, tx: Tx, stored: list[StoredEvent], *, publish: bool) -> None:
+        def notify() -> None:
+            for agg in {event.aggregate_id for event in stored}:
+                self.notifier.ring(agg)
+            if publish:
+                for event in stored:
+                    for listener in list(self._listeners):
+                        try:
+                            listener(event)
+                        except Exception:
+                            log.exception("Event listener failed")
+
+        tx.after_commit.append(notify)
+
+    # --- replay ---------------------------------------------------------------------------------
+
+    async def replay(
+        self,
+        serialized: SerializedEvent,
+        *,
+        publish: bool = False,
+        owner_id: str | None = None,
+        strict_owner: bool = False,
+    ) -> StoredEvent | None:
+        """Commit an event at its given position (reference §2.4); None when nothing was written."""
+        event = self.registry.decode(serialized.type, serialized.data)
+        aggregate = getattr(event, event.aggregate_field, None)
+        if not isinstance(aggregate, str):
+            raise InvalidDurableEventError(
+                f"Expected string aggregate field {event.aggregate_field}"
+            )
+        if serialized.aggregate_id != aggregate:
+            raise InvalidDurableEventError(
+                f"Aggregate mismatch: expected {serialized.aggregate_id}, got {aggregate}"
+            )
+        prepared = self._prepare(event, serialized.id, serialized.created or 0)
+        async with self.db.write() as tx:
+            return await self._replay(tx, prepared, serialized.seq, owner_id, strict_owner, publish)
+
+    async def _replay(
+        self,
+        tx: Tx,
+        p: _Prepared,
+        seq: int,
+        owner: str | None,
+        strict: bool,
+        publish: bool,
+    ) -> StoredEvent | None:
+        agg = p.event.aggregate_id
+        latest, stored_owner = await self._lock_sequence(tx, agg)
+        if strict and stored_owner is not None and stored_owner != owner:
+            raise InvalidDurableEventError(
+                f"Replay owner mismatch for aggregate {agg}: "
+                f"expected {stored_owner}, got {owner or 'none'}"
+            )
+        if seq <= latest:
+            await self._check_identical(tx, p, seq)
+            if owner is not None and stored_owner is None:
+                await self._set_owner(tx, agg, owner)
+            return None
+        if stored_owner is not None and stored_owner != owner:
+            return None
+        if seq != latest + 1:
+            raise InvalidDurableEventError(
+                f"Sequence mismatch for aggregate {agg}: expected {latest + 1}, got {seq}"
+            )
+        used = await self._existing_ids(tx.conn, [p.id])
+        if used:
+            row = used[p.id]
+            raise InvalidDurableEventError(
+                f"Event {p.id} already exists at aggregate {row.aggregate_id} sequence {row.seq}"
+            )
+        stored = StoredEvent(p.id, agg, seq, p.created, p.event.stored_type(), p.event)
+        for projector in self._projectors.get(type(p.event), ()):
+            await projector(tx, stored)
+        values: dict[str, Any] = {"seq": seq}
+        if owner is not None and stored_owner is None:
+            values["owner_id"] = owner
+        await tx.conn.execute(
+            sequence_table.update().where(sequence_table.c.aggregate_id == agg).values(**values)
+        )
+        await self._insert(tx, [_row(stored, p.encoded)])
+        self._after_commit(tx, [stored], publish=publish)
+        return stored
+
+    async def _lock_sequence(self, tx: Tx, agg: str) -> tuple[int, str | None]:
+        # A row with seq -1 stands for "no events yet" so that there is a row to lock.
+        await tx.conn.execute(
+            insert(tx.dialect, sequence_table)
+            .values(aggregate_id=agg, seq=-1)
+            .on_conflict_do_nothing(index_elements=[sequence_table.c.aggregate_id])
+        )
+        query = sa.select(sequence_table.c.seq, sequence_table.c.owner_id).where(
+            sequence_table.c.aggregate_id == agg
+        )
+        row = (await tx.conn.execute(for_update(tx.dialect, query))).one()
+        return int(row.seq), row.owner_id
+
+    async def _check_identical(self, tx: Tx, p: _Prepared, seq: int) -> None:
+        agg = p.event.aggregate_id
+        query = sa.select(event_table).where(
+            event_table.c.aggregate_id == agg, event_table.c.seq == seq
+        )
+        row = (await tx.conn.execute(query)).one_or_none()
+        if (
+            row is None
+            or row.id != p.id
+            or row.type != p.event.stored_type()
+            or row.created != p.created
+            or codec.loads(row.data) != p.data
+        ):
+            raise InvalidDurableEventError(f"Replay diverged at aggregate {agg} sequence {seq}")
+
+    async def _set_owner(self, tx: Tx, agg: str, owner: str) -> None:
+        await tx.conn.execute(
+            sequence_table.update()
+            .where(sequence_table.c.aggregate_id == agg)
+            .values(owner_id=owner)
+        )
+
+    async def replay_all(
+        self,
+        events: Sequence[SerializedEvent],
+        *,
+        publish: bool = False,
+        owner_id: str | None = None,
+        strict_owner: bool = False,
+    ) -> str | None:
+        """Replay a contiguous run of one aggregate's events; returns the aggregate id."""
+        if not events:
+            return None
+        aggregate, start = events[0].aggregate_id, events[0].seq
+        if any(event.aggregate_id != aggregate for event in events):
+            raise InvalidDurableEventError("Replay events must belong to the same aggregate")
+        for index, event in enumerate(events):
+            if event.seq != start + index:
+                raise InvalidDurableEventError(
+                    f"Replay sequence mismatch at index {index}: "
+                    f"expected {start + index}, got {event.seq}"
+                )
+        for event in events:
+            await self.replay(
+                event, publish=publish, owner_id=owner_id, strict_owner=strict_owner
+            )
+        return aggregate
+
+    # --- ownership and maintenance --------------------------------------------------------------
+
+    async def claim(self, aggregate_id: str, owner_id: str) -> None:
+        """Make ``owner_id`` the replication owner (last writer wins; no row is created)."""
+        async with self.db.write() as tx:
+            await self._set_owner(tx, aggregate_id, owner_id)
+
+    async def remove(self, aggregate_id: str) -> None:
+        """Delete an aggregate's events and sequence; a replay may then start again at 0."""
+        async with self.db.write() as tx:
+            await tx.conn.execute(
+                event_table.delete().where(event_table.c.aggregate_id == aggregate_id)
+            )
+            await tx.conn.execute(
+                sequence_table.delete().where(sequence_table.c.aggregate_id == aggregate_id)
+            )
+
+    async def reserve_sequence(self, aggregate_id: str, seq: int, *, tx: Tx | None = None) -> None:
+        """Raise the aggregate's sequence to at least ``seq`` without events (used by fork)."""
+        if tx is None:
+            async with self.db.write() as own:
+                return await self.reserve_sequence(aggregate_id, seq, tx=own)
+        statement = insert(tx.dialect, sequence_table).values(aggregate_id=aggregate_id, seq=seq)
+        await tx.conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=[sequence_table.c.aggregate_id],
+                set_={"seq": sa.func.max(sequence_table.c.seq, seq)}
+                if tx.dialect == "sqlite"
+                else {"seq": sa.func.greatest(sequence_table.c.seq, seq)},
+            )
+        )
+        return None
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    async def latest_sequence(self, aggregate_id: str) -> int:
+        async with self.db.read() as conn:
+            return await _latest(conn, aggregate_id)
+
+    async def sequences(self, aggregate_ids: Iterable[str]) -> dict[str, int]:
+        ids = list(aggregate_ids)
+        if not ids:
+            return {}
+        query = sa.select(sequence_table.c.aggregate_id, sequence_table.c.seq).where(
+            sequence_table.c.aggregate_id.in_(ids), sequence_table.c.seq >= 0
+        )
+        async with self.db.read() as conn:
+            return {row.aggregate_id: int(row.seq) for row in (await conn.execute(query)).all()}
+
+    async def read_after(
+        self,
+        aggregate_id: str,
+        after: int = -1,
+        *,
+        through: int | None = None,
+        limit: int | None = None,
+    ) -> Page:
+        """One page of events with ``after < seq <= through`` in seq order.
+
+        Rows of a type unknown to this process are skipped, but the cursor still advances.
+        """
+        query = (
+            sa.select(event_table)
+            .where(event_table.c.aggregate_id == aggregate_id, event_table.c.seq > after)
+            .order_by(event_table.c.seq)
+            .limit(limit or self.page_size)
+        )
+        if through is not None:
+            query = query.where(event_table.c.seq <= through)
+        async with self.db.read() as conn:
+            rows = (await conn.execute(query)).all()
+        events = [self._decode(row) for row in rows if self.registry.knows(row.type)]
+        return Page(events, int(rows[-1].seq) if rows else after)
+
+    def _decode(self, row: Any) -> StoredEvent:
+        return StoredEvent(
+            id=row.id,
+            aggregate_id=row.aggregate_id,
+            seq=int(row.seq),
+            created=int(row.created),
+            type=row.type,
+            data=self.registry.decode(row.type, codec.loads(row.data)),
+            execution_id=row.execution_id,
+            epoch=row.epoch,
+        )
+
+    async def log(
+        self,
+        aggregate_id: str,
+        *,
+        after: int = -1,
+        follow: bool = False,
+        poll_interval: float | None = None,
+    ) -> AsyncIterator[StoredEvent | Synced]:
+        """History after ``after``, the ``log.synced`` marker, then (if following) live events.
+
+        The doorbell is armed before the history snapshot is taken, so an event committed during
+        the replay is delivered after the marker; the cursor only moves forward, so nothing is
+        delivered twice.
+        """
+        if not follow:
+            async for item in self._history(aggregate_id, after):
+                yield item
+            return
+        interval = self.poll_interval if poll_interval is None else poll_interval
+        async with self.notifier.subscribe(aggregate_id) as bell:
+            cursor = after
+            async for item in self._history(aggregate_id, after):
+                if isinstance(item, StoredEvent):
+                    cursor = item.seq
+                else:
+                    cursor = max(cursor, item.seq if item.seq is not None else cursor)
+                yield item
+            while True:
+                await bell.wait(interval)
+                latest = await self.latest_sequence(aggregate_id)
+                while cursor < latest:
+                    page = await self.read_after(aggregate_id, cursor, through=latest)
+                    for event in page.events:
+                        yield event
+                    cursor = page.cursor if page.cursor > cursor else latest
+
+    async def _history(self, aggregate_id: str, after: int) -> AsyncIterator[StoredEvent | Synced]:
+        target = await self.latest_sequence(aggregate_id)
+        cursor = after
+        while cursor < target:
+            page = await self.read_after(aggregate_id, cursor, through=target)
+            for event in page.events:
+                yield event
+            cursor = page.cursor if page.cursor > cursor else target
+        yield Synced(aggregate_id, target if target >= 0 else None)
+
+
+async def _latest(conn: AsyncConnection, aggregate_id: str) -> int:
+    query = sa.select(sequence_table.c.seq).where(sequence_table.c.aggregate_id == aggregate_id)
+    seq = (await conn.execute(query)).scalar_one_or_none()
+    return int(seq) if seq is not None else -1
+
+
+def _row(stored: StoredEvent, encoded: str) -> dict[str, Any]:
+    return {
+        "id": stored.id,
+        "aggregate_id": stored.aggregate_id,
+        "seq": stored.seq,
+        "created": stored.created,
+        "type": stored.type,
+        "data": encoded,
+        "execution_id": stored.execution_id,
+        "epoch": stored.epoch,
+    }
+
+
+def _same_or_refuse(row: Any, p: _Prepared) -> StoredEvent:
+    if (
+        row.aggregate_id == p.event.aggregate_id
+        and row.type == p.event.stored_type()
+        and codec.loads(row.data) == p.data
+    ):
+        return StoredEvent(
+            row.id,
+            row.aggregate_id,
+            int(row.seq),
+            int(row.created),
+            row.type,
+            p.event,
+            row.execution_id,
+            row.epoch,
+        )
+    raise InvalidDurableEventError(
+        f"Event {p.id} already exists at aggregate {row.aggregate_id} sequence {row.seq}",
+        event_type=p.event.stored_type(),
+    )

@@ -1,0 +1,191 @@
+"""Durable input admission and promotion (reference §4.1, §4.2).
+
+Admission is idempotent by input id: the same content returns the stored receipt, different
+content is a conflict. A pending compaction is a barrier: no prompt is promoted while it waits.
+Promotion runs inside the drain's fenced transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from sessionflow.errors import InputConflictError, LifecycleConflictError, SessionNotFoundError
+from sessionflow.ids import message_id, validate_id
+from sessionflow.models import events as ev
+from sessionflow.models.common import Delivery, Prompt
+from store import codec
+from store.db import Database, Tx
+from store.events import EventStore
+from store.projector import pending_compaction
+from store.schema import input_table, session_table
+
+_i = input_table.c
+
+
+@dataclass(frozen=True)
+class InputReceipt:
+    id: str
+    session_id: str
+    type: str
+    prompt: Prompt | None
+    delivery: Delivery | None
+    admitted_seq: int
+    promoted_seq: int | None
+    time_created: int
+
+    def equivalent(self, session_id: str, prompt: Prompt, delivery: Delivery) -> bool:
+        return (
+            self.session_id == session_id
+            and self.type == "prompt"
+            and self.delivery == delivery
+            and self.prompt is not None
+            and self.prompt.model_dump(mode="json") == prompt.model_dump(mode="json")
+        )
+
+
+class Inputs:
+    def __init__(self, db: Database, events: EventStore) -> None:
+        self.db = db
+        self.events = events
+
+    async def admit(
+        self,
+        session_id: str,
+        prompt: Prompt | str,
+        *,
+        input_id: str | None = None,
+        delivery: Delivery = "steer",
+    ) -> InputReceipt:
+        """Record a prompt durably; idempotent by ``input_id`` (the future user message id)."""
+        validate_id(session_id)
+        input_id = validate_id(input_id, "input") if input_id is not None else message_id()
+        prompt = Prompt(text=prompt) if isinstance(prompt, str) else prompt
+        if delivery not in ("steer", "queue"):
+            raise ValueError(f"Unknown delivery {delivery!r}: use 'steer' or 'queue'")
+        existing = await self.get(input_id)
+        if existing is None:
+            event = ev.PromptAdmitted(
+                session_id=session_id, input_id=input_id, prompt=prompt, delivery=delivery
+            )
+            try:
+                async with self.db.write() as tx:
+                    await _require_session(tx.conn, session_id)
+                    await self.events.publish(event, tx=tx)
+            except LifecycleConflictError:
+                pass  # a concurrent admission of the same id won; compare with it below
+            existing = await self.get(input_id)
+        if existing is None or not existing.equivalent(session_id, prompt, delivery):
+            raise InputConflictError(input_id)
+        return existing
+
+    async def admit_compaction(self, session_id: str, *, input_id: str | None = None) -> str:
+        """Queue a manual compaction; while one is pending, a second request returns it."""
+        validate_id(session_id)
+        input_id = validate_id(input_id, "input") if input_id is not None else message_id()
+        existing = await self.get(input_id)
+        if existing is not None:
+            if existing.type != "compaction" or existing.session_id != session_id:
+                raise LifecycleConflictError(input_id, "the id belongs to another input")
+            return existing.id
+        try:
+            async with self.db.write() as tx:
+                await _require_session(tx.conn, session_id)
+                pending = await pending_compaction(tx.conn, session_id)
+                if pending is not None:
+                    return pending
+                event = ev.CompactionAdmitted(session_id=session_id, input_id=input_id)
+                await self.events.publish(event, tx=tx)
+                return input_id
+        except LifecycleConflictError:
+            async with self.db.read() as conn:
+                pending = await pending_compaction(conn, session_id)
+            if pending is None:
+                raise
+            return pending
+
+    async def get(self, input_id: str) -> InputReceipt | None:
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(sa.select(input_table).where(_i.id == input_id))
+            ).one_or_none()
+        return None if row is None else _receipt(row)
+
+    async def pending(self, session_id: str) -> list[InputReceipt]:
+        """Inputs not yet promoted (or, for compactions, not yet handled), in admission order."""
+        query = (
+            sa.select(input_table)
+            .where(_i.session_id == session_id, _i.promoted_seq.is_(None))
+            .order_by(_i.admitted_seq)
+        )
+        async with self.db.read() as conn:
+            return [_receipt(row) for row in (await conn.execute(query)).all()]
+
+    async def has_pending(self, session_id: str, delivery: Delivery) -> bool:
+        """Whether a prompt of ``delivery`` could be promoted now (false behind a compaction)."""
+        async with self.db.read() as conn:
+            if await pending_compaction(conn, session_id) is not None:
+                return False
+            query = sa.select(_i.id).where(*_pending_prompts(session_id, delivery)).limit(1)
+            return (await conn.execute(query)).first() is not None
+
+    async def promote_steers(self, tx: Tx, session_id: str) -> int:
+        """Promote every pending steer, in admission order; returns how many."""
+        if await pending_compaction(tx.conn, session_id) is not None:
+            return 0
+        query = (
+            sa.select(_i.id).where(*_pending_prompts(session_id, "steer")).order_by(_i.admitted_seq)
+        )
+        ids = list((await tx.conn.execute(query)).scalars())
+        await self.events.publish_many(
+            [ev.PromptPromoted(session_id=session_id, input_id=i) for i in ids], tx=tx
+        )
+        return len(ids)
+
+    async def promote_next_queued(self, tx: Tx, session_id: str) -> bool:
+        """Promote the single oldest queued prompt; returns whether there was one."""
+        if await pending_compaction(tx.conn, session_id) is not None:
+            return False
+        query = (
+            sa.select(_i.id)
+            .where(*_pending_prompts(session_id, "queue"))
+            .order_by(_i.admitted_seq)
+            .limit(1)
+        )
+        next_id = (await tx.conn.execute(query)).scalar_one_or_none()
+        if next_id is None:
+            return False
+        await self.events.publish(ev.PromptPromoted(session_id=session_id, input_id=next_id), tx=tx)
+        return True
+
+
+def _pending_prompts(session_id: str, delivery: Delivery) -> tuple[sa.ColumnElement[bool], ...]:
+    return (
+        _i.session_id == session_id,
+        _i.type == "prompt",
+        _i.delivery == delivery,
+        _i.promoted_seq.is_(None),
+    )
+
+
+async def _require_session(conn: AsyncConnection, session_id: str) -> None:
+    query = sa.select(session_table.c.id).where(session_table.c.id == session_id)
+    if (await conn.execute(query)).scalar_one_or_none() is None:
+        raise SessionNotFoundError(session_id)
+
+
+def _receipt(row: sa.Row[tuple[object, ...]]) -> InputReceipt:
+    m = row._mapping
+    prompt = Prompt.model_validate(codec.loads(m["prompt"])) if m["prompt"] else None
+    return InputReceipt(
+        id=m["id"],
+        session_id=m["session_id"],
+        type=m["type"],
+        prompt=prompt,
+        delivery=m["delivery"],
+        admitted_seq=int(m["admitted_seq"]),
+        promoted_seq=None if m["promoted_seq"] is None else int(m["promoted_seq"]),
+        time_created=int(m["time_created"]),
+    )

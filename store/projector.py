@@ -1,0 +1,518 @@
+"""Projections: sessions, messages, parts and inputs, updated inside each event's transaction.
+
+Reference §1.8, §4.6 and §6 (projection-side rules). Deltas are never projected. Messages that
+an event creates take the event's seq, and, when the event names no message, an id derived from
+the event id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from sessionflow.errors import InvalidDurableEventError, LifecycleConflictError
+from sessionflow.models import events as ev
+from sessionflow.models.common import Tokens
+from sessionflow.models.messages import (
+    MESSAGE_ADAPTER,
+    AssistantMessage,
+    CompactionMessage,
+    ReasoningPart,
+    SyntheticMessage,
+    SystemMessage,
+    TextPart,
+    ToolCompleted,
+    ToolError,
+    ToolPart,
+    ToolPending,
+    ToolRunning,
+    ToolTimes,
+    UserMessage,
+)
+from store import codec
+from store.db import Tx
+from store.dialect import insert
+from store.events import EventStore, StoredEvent
+from store.schema import input_table, message_table, session_table
+
+E = TypeVar("E", bound=ev.Event)
+Handler = Callable[[Tx, StoredEvent, Any], Awaitable[None]]
+
+_HANDLERS: dict[type[ev.Event], Handler] = {}
+
+
+def handles(*classes: type[ev.Event]) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        for cls in classes:
+            _HANDLERS[cls] = handler
+        return handler
+
+    return register
+
+
+def install(events: EventStore) -> None:
+    """Register every projector of this module on ``events``."""
+    for cls, handler in _HANDLERS.items():
+        events.project(cls, _bind(handler))
+
+
+def _bind(handler: Handler) -> Callable[[Tx, StoredEvent], Awaitable[None]]:
+    async def project(tx: Tx, stored: StoredEvent) -> None:
+        await handler(tx, stored, stored.data)
+
+    return project
+
+
+def derived_message_id(event_id: str) -> str:
+    return "msg_" + event_id.removeprefix("evt_")
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+
+@handles(ev.SessionCreated)
+async def _created(tx: Tx, stored: StoredEvent, event: ev.SessionCreated) -> None:
+    values = {
+        "id": event.session_id,
+        "directory": codec.column_text(event.directory),
+        "workspace_id": event.workspace_id,
+        "parent_id": event.parent_id,
+        "title": codec.column_text(event.title),
+        "model": codec.dumps(event.model.model_dump(mode="json")) if event.model else None,
+        "agent": event.agent,
+        "settings": codec.dumps(event.settings) if event.settings is not None else None,
+        "time_created": stored.created,
+        "time_updated": stored.created,
+    }
+    statement = insert(tx.dialect, session_table).values(**values).on_conflict_do_nothing()
+    if (await tx.conn.execute(statement)).rowcount == 0:
+        raise InvalidDurableEventError(f"Session {event.session_id} already exists")
+
+
+@handles(ev.SessionRenamed, ev.ModelSelected, ev.AgentSelected)
+async def _session_settings(tx: Tx, stored: StoredEvent, event: ev.Event) -> None:
+    values: dict[str, Any] = {"time_updated": stored.created}
+    if isinstance(event, ev.SessionRenamed):
+        values["title"] = codec.column_text(event.title)
+    elif isinstance(event, ev.ModelSelected):
+        values["model"] = codec.dumps(event.model.model_dump(mode="json"))
+    elif isinstance(event, ev.AgentSelected):
+        values["agent"] = event.agent
+    await _update_session(tx, event.session_id, values)
+
+
+async def _update_session(tx: Tx, session_id: str, values: dict[str, Any]) -> None:
+    await tx.conn.execute(
+        session_table.update().where(session_table.c.id == session_id).values(**values)
+    )
+
+
+async def _touch(tx: Tx, stored: StoredEvent) -> None:
+    await _update_session(tx, stored.aggregate_id, {"time_updated": stored.created})
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
+    statement = (
+        insert(tx.dialect, message_table)
+        .values(
+            id=message.id,
+            session_id=message.session_id,
+            type=message.type,
+            seq=message.seq,
+            time_created=stored.created,
+            time_updated=stored.created,
+            data=codec.dumps(message.model_dump(mode="json")),
+        )
+        .on_conflict_do_nothing()
+    )
+    if (await tx.conn.execute(statement)).rowcount == 0:
+        raise LifecycleConflictError(message.id, "a message with this id already exists")
+
+
+async def _save_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
+    await tx.conn.execute(
+        message_table.update()
+        .where(message_table.c.id == message.id)
+        .values(time_updated=stored.created, data=codec.dumps(message.model_dump(mode="json")))
+    )
+
+
+async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
+    query = sa.select(message_table.c.data).where(
+        message_table.c.id == message_id, message_table.c.session_id == session_id
+    )
+    data = (await tx.conn.execute(query)).scalar_one_or_none()
+    return None if data is None else MESSAGE_ADAPTER.validate_python(codec.loads(data))
+
+
+async def _assistant(tx: Tx, event: Any) -> AssistantMessage:
+    message = await load_message(tx, event.session_id, event.assistant_message_id)
+    if not isinstance(message, AssistantMessage):
+        raise InvalidDurableEventError(
+            f"Tool event before assistant step start: {event.assistant_message_id}"
+        )
+    return message
+
+
+@handles(ev.Synthetic)
+async def _synthetic(tx: Tx, stored: StoredEvent, event: ev.Synthetic) -> None:
+    message = SyntheticMessage(
+        id=derived_message_id(stored.id),
+        session_id=event.session_id,
+        seq=stored.seq,
+        time_created=stored.created,
+        text=event.text,
+        description=event.description,
+        metadata=event.metadata,
+    )
+    await _insert_message(tx, stored, message)
+
+
+@handles(ev.InstructionsUpdated)
+async def _system(tx: Tx, stored: StoredEvent, event: ev.InstructionsUpdated) -> None:
+    message = SystemMessage(
+        id=derived_message_id(stored.id),
+        session_id=event.session_id,
+        seq=stored.seq,
+        time_created=stored.created,
+        text=event.text,
+    )
+    await _insert_message(tx, stored, message)
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+@handles(ev.PromptAdmitted)
+async def _admitted(tx: Tx, stored: StoredEvent, event: ev.PromptAdmitted) -> None:
+    if await load_message(tx, event.session_id, event.input_id) is not None:
+        raise LifecycleConflictError(event.input_id, "a message with this id already exists")
+    statement = (
+        insert(tx.dialect, input_table)
+        .values(
+            id=event.input_id,
+            session_id=event.session_id,
+            type="prompt",
+            prompt=codec.dumps(event.prompt.model_dump(mode="json")),
+            delivery=event.delivery,
+            admitted_seq=stored.seq,
+            time_created=stored.created,
+        )
+        .on_conflict_do_nothing()
+    )
+    if (await tx.conn.execute(statement)).rowcount == 0:
+        raise LifecycleConflictError(event.input_id, "already admitted")
+    await _touch(tx, stored)
+
+
+async def pending_compaction(conn: AsyncConnection, session_id: str) -> str | None:
+    """The id of the session's pending compaction, the barrier in front of every prompt."""
+    query = sa.select(input_table.c.id).where(
+        input_table.c.session_id == session_id,
+        input_table.c.type == "compaction",
+        input_table.c.promoted_seq.is_(None),
+    )
+    return (await conn.execute(query)).scalar_one_or_none()
+
+
+@handles(ev.PromptPromoted)
+async def _promoted(tx: Tx, stored: StoredEvent, event: ev.PromptPromoted) -> None:
+    if await pending_compaction(tx.conn, event.session_id) is not None:
+        raise LifecycleConflictError(event.input_id, "a compaction is pending")
+    result = await tx.conn.execute(
+        input_table.update()
+        .where(
+            input_table.c.id == event.input_id,
+            input_table.c.session_id == event.session_id,
+            input_table.c.type == "prompt",
+            input_table.c.promoted_seq.is_(None),
+        )
+        .values(promoted_seq=stored.seq)
+        .returning(input_table.c.prompt)
+    )
+    prompt = result.scalar_one_or_none()
+    if prompt is None:
+        raise LifecycleConflictError(event.input_id, "not pending")
+    data = codec.loads(prompt)
+    message = UserMessage(
+        id=event.input_id,
+        session_id=event.session_id,
+        seq=stored.seq,
+        time_created=stored.created,
+        text=data["text"],
+        files=data.get("files", []),
+        metadata=data.get("metadata"),
+    )
+    await _insert_message(tx, stored, message)
+    await _touch(tx, stored)
+
+
+@handles(ev.CompactionAdmitted)
+async def _compaction_admitted(
+    tx: Tx, stored: StoredEvent, event: ev.CompactionAdmitted
+) -> None:
+    statement = (
+        insert(tx.dialect, input_table)
+        .values(
+            id=event.input_id,
+            session_id=event.session_id,
+            type="compaction",
+            admitted_seq=stored.seq,
+            time_created=stored.created,
+        )
+        .on_conflict_do_nothing()
+    )
+    if (await tx.conn.execute(statement)).rowcount == 0:
+        raise LifecycleConflictError(event.input_id, "a compaction is already pending")
+    message = CompactionMessage(
+        id=event.input_id,
+        session_id=event.session_id,
+        seq=stored.seq,
+        time_created=stored.created,
+        input_id=event.input_id,
+    )
+    await _insert_message(tx, stored, message)
+
+
+@handles(ev.CompactionStarted, ev.CompactionEnded, ev.CompactionFailed)
+async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
+    message = None
+    if event.input_id is not None:
+        message = await load_message(tx, event.session_id, event.input_id)
+    if message is None:
+        message = CompactionMessage(
+            id=derived_message_id(stored.id),
+            session_id=event.session_id,
+            seq=stored.seq,
+            time_created=stored.created,
+            reason="auto",
+        )
+        await _insert_message(tx, stored, message)
+    if isinstance(event, ev.CompactionStarted):
+        message.status = "running"
+    elif isinstance(event, ev.CompactionEnded):
+        message.status, message.summary, message.recent = "completed", event.summary, event.recent
+    else:
+        message.status = "failed"
+    if not isinstance(event, ev.CompactionStarted) and event.input_id is not None:
+        await tx.conn.execute(
+            input_table.update()
+            .where(input_table.c.id == event.input_id, input_table.c.promoted_seq.is_(None))
+            .values(promoted_seq=stored.seq)
+        )
+    await _save_message(tx, stored, message)
+
+
+# --- steps --------------------------------------------------------------------------------------
+
+
+@handles(ev.StepStarted)
+async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> None:
+    message = await load_message(tx, event.session_id, event.assistant_message_id)
+    if isinstance(message, AssistantMessage):
+        message.retry = message.error = message.finish = message.time_completed = None
+        message.agent, message.model = event.agent, event.model
+        await _save_message(tx, stored, message)
+        return
+    await _complete_stale_assistants(tx, stored)
+    message = AssistantMessage(
+        id=event.assistant_message_id,
+        session_id=event.session_id,
+        seq=stored.seq,
+        time_created=stored.created,
+        agent=event.agent,
+        model=event.model,
+    )
+    await _insert_message(tx, stored, message)
+
+
+async def _complete_stale_assistants(tx: Tx, stored: StoredEvent) -> None:
+    """A newer step supersedes an older assistant message that never completed."""
+    query = (
+        sa.select(message_table.c.data)
+        .where(message_table.c.session_id == stored.aggregate_id)
+        .where(message_table.c.type == "assistant")
+        .order_by(message_table.c.seq.desc())
+        .limit(1)
+    )
+    data = (await tx.conn.execute(query)).scalar_one_or_none()
+    if data is None:
+        return
+    previous = AssistantMessage.model_validate(codec.loads(data))
+    if previous.time_completed is None:
+        previous.time_completed = stored.created
+        await _save_message(tx, stored, previous)
+
+
+@handles(ev.StepEnded)
+async def _step_ended(tx: Tx, stored: StoredEvent, event: ev.StepEnded) -> None:
+    message = await _assistant(tx, event)
+    message.finish, message.cost, message.tokens = event.finish, event.cost, event.tokens
+    message.files = list(event.files)
+    message.time_completed = stored.created
+    await _save_message(tx, stored, message)
+    await _add_usage(tx, stored, event.cost, event.tokens)
+
+
+@handles(ev.StepFailed)
+async def _step_failed(tx: Tx, stored: StoredEvent, event: ev.StepFailed) -> None:
+    message = await _assistant(tx, event)
+    message.finish, message.error, message.retry = "error", event.error, None
+    message.time_completed = stored.created
+    if event.tokens is not None:
+        message.tokens = event.tokens
+    if event.cost is not None:
+        message.cost = event.cost
+    await _save_message(tx, stored, message)
+    await _add_usage(tx, stored, event.cost or 0.0, event.tokens)
+
+
+async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | None) -> None:
+    c = session_table.c
+    values: dict[str, Any] = {"cost": c.cost + cost, "time_updated": stored.created}
+    if tokens is not None:
+        values |= {
+            "tokens_input": c.tokens_input + tokens.input,
+            "tokens_output": c.tokens_output + tokens.output,
+            "tokens_reasoning": c.tokens_reasoning + tokens.reasoning,
+            "tokens_cache_read": c.tokens_cache_read + tokens.cache.read,
+            "tokens_cache_write": c.tokens_cache_write + tokens.cache.write,
+        }
+    await _update_session(tx, stored.aggregate_id, values)
+
+
+@handles(ev.RetryScheduled)
+async def _retry(tx: Tx, stored: StoredEvent, event: ev.RetryScheduled) -> None:
+    message = await _assistant(tx, event)
+    message.retry = _retry_info(event)
+    await _save_message(tx, stored, message)
+
+
+def _retry_info(event: ev.RetryScheduled) -> Any:
+    from sessionflow.models.messages import RetryInfo
+
+    return RetryInfo(attempt=event.attempt, at=event.at, error=event.error)
+
+
+@handles(ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
+async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.Event) -> None:
+    query = (
+        sa.select(message_table.c.data)
+        .where(message_table.c.session_id == event.session_id)
+        .where(message_table.c.type == "assistant")
+        .order_by(message_table.c.seq.desc())
+        .limit(1)
+    )
+    data = (await tx.conn.execute(query)).scalar_one_or_none()
+    if data is not None:
+        message = AssistantMessage.model_validate(codec.loads(data))
+        if message.retry is not None:
+            message.retry = None
+            await _save_message(tx, stored, message)
+
+
+# --- text and reasoning -------------------------------------------------------------------------
+
+
+@handles(ev.TextStarted, ev.TextEnded)
+async def _text(tx: Tx, stored: StoredEvent, event: ev.TextStarted | ev.TextEnded) -> None:
+    message = await _assistant(tx, event)
+    if isinstance(event, ev.TextStarted):
+        message.content.append(TextPart(ordinal=event.ordinal))
+    else:
+        part = _latest(message, TextPart, event.ordinal)
+        if part is None:
+            message.content.append(TextPart(ordinal=event.ordinal, text=event.text))
+        else:
+            part.text = event.text
+    await _save_message(tx, stored, message)
+
+
+@handles(ev.ReasoningStarted, ev.ReasoningEnded)
+async def _reasoning(
+    tx: Tx, stored: StoredEvent, event: ev.ReasoningStarted | ev.ReasoningEnded
+) -> None:
+    message = await _assistant(tx, event)
+    part = _latest(message, ReasoningPart, event.ordinal)
+    if part is None or isinstance(event, ev.ReasoningStarted):
+        part = ReasoningPart(ordinal=event.ordinal, time_created=stored.created)
+        message.content.append(part)
+    part.state = event.state if event.state is not None else part.state
+    if isinstance(event, ev.ReasoningEnded):
+        part.text, part.time_completed = event.text, stored.created
+    await _save_message(tx, stored, message)
+
+
+P = TypeVar("P", TextPart, ReasoningPart)
+
+
+def _latest(message: AssistantMessage, kind: type[P], ordinal: int) -> P | None:
+    for part in reversed(message.content):
+        if isinstance(part, kind) and part.ordinal == ordinal:
+            return part
+    return None
+
+
+# --- tools --------------------------------------------------------------------------------------
+
+
+@handles(
+    ev.ToolInputStarted,
+    ev.ToolInputEnded,
+    ev.ToolCalled,
+    ev.ToolProgress,
+    ev.ToolSucceeded,
+    ev.ToolFailed,
+)
+async def _tool(tx: Tx, stored: StoredEvent, event: Any) -> None:
+    message = await _assistant(tx, event)
+    part = message.tool(event.call_id)
+    if isinstance(event, ev.ToolInputStarted | ev.ToolCalled) and (
+        part is None or (isinstance(event, ev.ToolInputStarted) and part.settled)
+    ):
+        part = ToolPart(call_id=event.call_id, name=event.name, time=ToolTimes(created=stored.created))
+        message.content.append(part)
+    if part is None:
+        raise InvalidDurableEventError(f"Unknown tool call: {event.call_id}")
+    if _apply_tool(part, event, stored.created):
+        await _save_message(tx, stored, message)
+
+
+def _apply_tool(part: ToolPart, event: Any, now: int) -> bool:
+    """Move a tool part along pending -> running -> completed | error; settled parts stay."""
+    state = part.state
+    if isinstance(event, ev.ToolInputEnded) and isinstance(state, ToolPending):
+        state.input = event.text
+    elif isinstance(event, ev.ToolCalled) and isinstance(state, ToolPending):
+        part.state = ToolRunning(input=event.input)
+        part.executed, part.provider_state, part.time.ran = event.executed, event.state, now
+    elif isinstance(event, ev.ToolProgress) and isinstance(state, ToolRunning):
+        state.structured, state.content = event.structured, list(event.content)
+    elif isinstance(event, ev.ToolSucceeded) and isinstance(state, ToolRunning):
+        part.state = ToolCompleted(
+            input=state.input,
+            structured=event.structured,
+            content=list(event.content),
+            output_paths=list(event.output_paths),
+            result=event.result,
+        )
+        part.provider_result_state, part.time.completed = event.result_state, now
+    elif isinstance(event, ev.ToolFailed) and isinstance(state, ToolPending | ToolRunning):
+        running = state if isinstance(state, ToolRunning) else ToolRunning()
+        part.state = ToolError(
+            error=event.error,
+            input=running.input,
+            structured=running.structured,
+            content=running.content,
+            result=event.result,
+        )
+        part.provider_result_state, part.time.completed = event.result_state, now
+    else:
+        return isinstance(event, ev.ToolInputStarted)
+    return True

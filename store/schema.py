@@ -1,0 +1,190 @@
+"""The schema: SQLAlchemy 2 typed models, one schema for SQLite and PostgreSQL.
+
+Times are epoch milliseconds (BIGINT) from the database clock wherever they fence anything.
+JSON lives in TEXT columns written by ``store.codec`` (not JSONB: PostgreSQL's JSONB rejects
+``\\u0000``, and one normalization must hold on both databases). The store works with Core
+statements over ``Model.__table__``; the ORM classes are the typed schema definition.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, cast
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+Millis = Annotated[int, mapped_column(sa.BigInteger)]
+Seq = Annotated[int, mapped_column(sa.BigInteger)]
+Id = Annotated[str, mapped_column(sa.String(128))]
+JsonText = Annotated[str, mapped_column(sa.Text)]
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+
+
+class SessionRow(Base):
+    __tablename__ = "session"
+
+    id: Mapped[Id] = mapped_column(primary_key=True)
+    directory: Mapped[str] = mapped_column(sa.Text)
+    workspace_id: Mapped[str | None] = mapped_column(sa.String(128))
+    parent_id: Mapped[str | None] = mapped_column(sa.String(128))
+    title: Mapped[str] = mapped_column(sa.Text, default="")
+    model: Mapped[str | None] = mapped_column(sa.Text)
+    agent: Mapped[str | None] = mapped_column(sa.String(128))
+    settings: Mapped[str | None] = mapped_column(sa.Text)
+    cost: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    tokens_input: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_output: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_reasoning: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_cache_read: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_cache_write: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    # The last claim epoch ever issued for this session: it survives claim release, so epochs
+    # strictly increase across every claim the session ever had.
+    claim_epoch: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    time_created: Mapped[Millis]
+    time_updated: Mapped[Millis]
+    time_archived: Mapped[int | None] = mapped_column(sa.BigInteger)
+
+    __table_args__ = (
+        sa.Index(None, "directory"),
+        sa.Index(None, "workspace_id"),
+        sa.Index(None, "parent_id"),
+        sa.Index(None, "time_updated", "id"),
+    )
+
+
+class MessageRow(Base):
+    __tablename__ = "session_message"
+
+    id: Mapped[Id] = mapped_column(primary_key=True)
+    session_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("session.id", ondelete="CASCADE")
+    )
+    type: Mapped[str] = mapped_column(sa.String(32))
+    seq: Mapped[Seq]
+    time_created: Mapped[Millis]
+    time_updated: Mapped[Millis]
+    data: Mapped[JsonText]
+
+    __table_args__ = (
+        sa.UniqueConstraint("session_id", "seq"),
+        sa.Index(None, "session_id", "type", "seq"),
+        sa.Index(None, "session_id", "time_created", "id"),
+        sa.Index(None, "time_created"),
+    )
+
+
+class InputRow(Base):
+    __tablename__ = "session_input"
+
+    id: Mapped[Id] = mapped_column(primary_key=True)
+    session_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("session.id", ondelete="CASCADE")
+    )
+    type: Mapped[str] = mapped_column(sa.String(32))
+    prompt: Mapped[str | None] = mapped_column(sa.Text)
+    delivery: Mapped[str | None] = mapped_column(sa.String(16))
+    admitted_seq: Mapped[Seq]
+    promoted_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
+    time_created: Mapped[Millis]
+
+    __table_args__ = (
+        sa.Index(None, "session_id", "promoted_seq", "delivery", "admitted_seq"),
+        sa.Index(
+            "uq_session_input_pending_compaction",
+            "session_id",
+            unique=True,
+            sqlite_where=sa.text("type = 'compaction' AND promoted_seq IS NULL"),
+            postgresql_where=sa.text("type = 'compaction' AND promoted_seq IS NULL"),
+        ),
+        sa.UniqueConstraint("session_id", "admitted_seq"),
+        sa.UniqueConstraint("session_id", "promoted_seq"),
+    )
+
+
+class EventSequenceRow(Base):
+    __tablename__ = "event_sequence"
+
+    aggregate_id: Mapped[Id] = mapped_column(primary_key=True)
+    seq: Mapped[Seq]
+    owner_id: Mapped[str | None] = mapped_column(sa.String(256))
+
+
+class EventRow(Base):
+    __tablename__ = "event"
+
+    id: Mapped[Id] = mapped_column(primary_key=True)
+    aggregate_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("event_sequence.aggregate_id", ondelete="CASCADE")
+    )
+    seq: Mapped[Seq]
+    created: Mapped[Millis]
+    type: Mapped[str] = mapped_column(sa.String(128))
+    data: Mapped[JsonText]
+    # The claim that was live when the event committed (NULL for unfenced writes).
+    execution_id: Mapped[str | None] = mapped_column(sa.String(128))
+    epoch: Mapped[int | None] = mapped_column(sa.BigInteger)
+
+    __table_args__ = (
+        sa.UniqueConstraint("aggregate_id", "seq"),
+        sa.Index(None, "aggregate_id", "type", "seq"),
+    )
+
+
+class ExecutionRow(Base):
+    """The claim: which execution (busy period) of which workflow run owns a session."""
+
+    __tablename__ = "session_execution"
+
+    id: Mapped[Id] = mapped_column(primary_key=True)
+    session_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("session.id", ondelete="CASCADE"), unique=True
+    )
+    owner_id: Mapped[str] = mapped_column(sa.String(512))
+    epoch: Mapped[int] = mapped_column(sa.BigInteger)
+    phase: Mapped[str] = mapped_column(sa.String(16), default="ready")
+    assistant_message_id: Mapped[str | None] = mapped_column(sa.String(128))
+    step_attempt: Mapped[int] = mapped_column(sa.Integer, default=0)
+    time_created: Mapped[Millis]
+    expires_at: Mapped[Millis]
+
+    __table_args__ = (
+        sa.CheckConstraint("phase IN ('ready', 'unknown', 'continue')", name="phase"),
+    )
+
+
+class RecoveryRow(Base):
+    """A dead execution whose session must be recovered by the next drain."""
+
+    __tablename__ = "session_recovery"
+
+    session_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("session.id", ondelete="CASCADE"), primary_key=True
+    )
+    execution_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    phase: Mapped[str] = mapped_column(sa.String(16))
+    continuation_message_id: Mapped[str | None] = mapped_column(sa.String(128))
+    wake_pending: Mapped[bool] = mapped_column(sa.Boolean, default=True)
+    recovery_error: Mapped[str | None] = mapped_column(sa.Text)
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
+    time_created: Mapped[Millis]
+
+    __table_args__ = (sa.Index(None, "wake_pending", "time_created", "execution_id"),)
+
+
+session_table = cast(sa.Table, SessionRow.__table__)
+message_table = cast(sa.Table, MessageRow.__table__)
+input_table = cast(sa.Table, InputRow.__table__)
+sequence_table = cast(sa.Table, EventSequenceRow.__table__)
+event_table = cast(sa.Table, EventRow.__table__)
+execution_table = cast(sa.Table, ExecutionRow.__table__)
+recovery_table = cast(sa.Table, RecoveryRow.__table__)

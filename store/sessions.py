@@ -1,0 +1,142 @@
+"""Sessions: creation (as an event), lookup, listing, and the projected transcript."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from sessionflow.errors import SessionNotFoundError
+from sessionflow.ids import session_id as new_session_id
+from sessionflow.ids import validate_id
+from sessionflow.models import events as ev
+from sessionflow.models.common import CacheTokens, ModelRef, Tokens
+from sessionflow.models.messages import MESSAGE_ADAPTER, Message
+from store import codec
+from store.db import Database
+from store.events import EventStore
+from store.schema import message_table, session_table
+
+DEFAULT_LIST_LIMIT = 100
+_s = session_table.c
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: str
+    directory: str
+    title: str
+    model: ModelRef | None
+    agent: str | None
+    workspace_id: str | None
+    parent_id: str | None
+    settings: dict[str, Any]
+    cost: float
+    tokens: Tokens
+    time_created: int
+    time_updated: int
+
+
+class Sessions:
+    def __init__(self, db: Database, events: EventStore) -> None:
+        self.db = db
+        self.events = events
+
+    async def create(
+        self,
+        directory: str,
+        *,
+        session_id: str | None = None,
+        title: str = "",
+        model: ModelRef | str | None = None,
+        agent: str | None = None,
+        workspace_id: str | None = None,
+        parent_id: str | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> SessionInfo:
+        """Create a session; its ``session.created`` event is seq 0 of its log."""
+        sid = validate_id(session_id) if session_id is not None else new_session_id()
+        for kind, value in (("workspace", workspace_id), ("parent session", parent_id)):
+            if value is not None:
+                validate_id(value, kind)
+        event = ev.SessionCreated(
+            session_id=sid,
+            directory=directory,
+            title=title,
+            model=ModelRef.parse(model) if isinstance(model, str) else model,
+            agent=agent,
+            workspace_id=workspace_id,
+            parent_id=parent_id,
+            settings=settings,
+        )
+        await self.events.publish(event)
+        return await self.get(sid)
+
+    async def get(self, session_id: str) -> SessionInfo:
+        validate_id(session_id)
+        async with self.db.read() as conn:
+            row = (await conn.execute(sa.select(session_table).where(_s.id == session_id))).first()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        return _info(row)
+
+    async def list(
+        self,
+        *,
+        directory: str | None = None,
+        workspace_id: str | None = None,
+        search: str | None = None,
+        roots_only: bool = False,
+        updated_since: int | None = None,
+        limit: int = DEFAULT_LIST_LIMIT,
+    ) -> list[SessionInfo]:
+        """Sessions, most recently updated first (then by id, newest first)."""
+        query = sa.select(session_table).order_by(_s.time_updated.desc(), _s.id.desc())
+        if directory is not None:
+            query = query.where(_s.directory == directory)
+        if workspace_id is not None:
+            query = query.where(_s.workspace_id == workspace_id)
+        if search:
+            query = query.where(_s.title.contains(search, autoescape=True))
+        if roots_only:
+            query = query.where(_s.parent_id.is_(None))
+        if updated_since is not None:
+            query = query.where(_s.time_updated >= updated_since)
+        async with self.db.read() as conn:
+            rows = (await conn.execute(query.limit(max(1, limit)))).all()
+        return [_info(row) for row in rows]
+
+    async def messages(self, session_id: str) -> list[Message]:
+        """The projected history, in seq order."""
+        validate_id(session_id)
+        query = (
+            sa.select(message_table.c.data)
+            .where(message_table.c.session_id == session_id)
+            .order_by(message_table.c.seq)
+        )
+        async with self.db.read() as conn:
+            rows = (await conn.execute(query)).scalars().all()
+        return [MESSAGE_ADAPTER.validate_python(codec.loads(data)) for data in rows]
+
+
+def _info(row: Any) -> SessionInfo:
+    return SessionInfo(
+        id=row.id,
+        directory=row.directory,
+        title=row.title,
+        model=ModelRef.model_validate(codec.loads(row.model)) if row.model else None,
+        agent=row.agent,
+        workspace_id=row.workspace_id,
+        parent_id=row.parent_id,
+        settings=codec.loads(row.settings) if row.settings else {},
+        cost=float(row.cost),
+        tokens=Tokens(
+            input=row.tokens_input,
+            output=row.tokens_output,
+            reasoning=row.tokens_reasoning,
+            cache=CacheTokens(read=row.tokens_cache_read, write=row.tokens_cache_write),
+        ),
+        time_created=int(row.time_created),
+        time_updated=int(row.time_updated),
+    )
