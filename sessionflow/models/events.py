@@ -24,13 +24,13 @@ from sessionflow.models.common import (
 
 
 class Event(Model):
-    """Base of every durable event. ``version`` is part of the stored type name."""
+    """Base of every durable event: ``version`` is part of the stored type name, and
+    ``aggregate_field`` names the field whose value is the aggregate (the log) it belongs to."""
 
     version: ClassVar[int] = 1
     aggregate_field: ClassVar[str] = "session_id"
 
     type: str
-    session_id: str
 
     @classmethod
     def event_type(cls) -> str:
@@ -49,10 +49,16 @@ class Event(Model):
         return value
 
 
+class SessionEventBase(Event):
+    """Base of the session catalogue: the aggregate is the session."""
+
+    session_id: str
+
+
 # --- session lifecycle --------------------------------------------------------------------------
 
 
-class SessionCreated(Event):
+class SessionCreated(SessionEventBase):
     type: Literal["session.created"] = "session.created"
     directory: str
     title: str = ""
@@ -63,17 +69,17 @@ class SessionCreated(Event):
     settings: dict[str, Any] | None = None
 
 
-class SessionRenamed(Event):
+class SessionRenamed(SessionEventBase):
     type: Literal["session.renamed"] = "session.renamed"
     title: str
 
 
-class ModelSelected(Event):
+class ModelSelected(SessionEventBase):
     type: Literal["session.model.selected"] = "session.model.selected"
     model: ModelRef
 
 
-class AgentSelected(Event):
+class AgentSelected(SessionEventBase):
     type: Literal["session.agent.selected"] = "session.agent.selected"
     agent: str
 
@@ -81,29 +87,29 @@ class AgentSelected(Event):
 # --- inputs -------------------------------------------------------------------------------------
 
 
-class PromptAdmitted(Event):
+class PromptAdmitted(SessionEventBase):
     type: Literal["session.prompt.admitted"] = "session.prompt.admitted"
     input_id: str
     prompt: Prompt
     delivery: Delivery
 
 
-class PromptPromoted(Event):
+class PromptPromoted(SessionEventBase):
     type: Literal["session.prompt.promoted"] = "session.prompt.promoted"
     input_id: str
 
 
-class CompactionAdmitted(Event):
+class CompactionAdmitted(SessionEventBase):
     type: Literal["session.compaction.admitted"] = "session.compaction.admitted"
     input_id: str
 
 
-class CompactionStarted(Event):
+class CompactionStarted(SessionEventBase):
     type: Literal["session.compaction.started"] = "session.compaction.started"
     input_id: str | None = None
 
 
-class CompactionEnded(Event):
+class CompactionEnded(SessionEventBase):
     type: Literal["session.compaction.ended"] = "session.compaction.ended"
     input_id: str | None = None
     reason: Literal["auto", "manual"] = "manual"
@@ -111,20 +117,20 @@ class CompactionEnded(Event):
     recent: str = ""
 
 
-class CompactionFailed(Event):
+class CompactionFailed(SessionEventBase):
     type: Literal["session.compaction.failed"] = "session.compaction.failed"
     input_id: str | None = None
     error: SessionError
 
 
-class Synthetic(Event):
+class Synthetic(SessionEventBase):
     type: Literal["session.synthetic"] = "session.synthetic"
     text: str
     description: str | None = None
     metadata: dict[str, Any] | None = None
 
 
-class InstructionsUpdated(Event):
+class InstructionsUpdated(SessionEventBase):
     type: Literal["session.instructions.updated"] = "session.instructions.updated"
     text: str
 
@@ -132,23 +138,23 @@ class InstructionsUpdated(Event):
 # --- executions (busy periods) ------------------------------------------------------------------
 
 
-class ExecutionStarted(Event):
+class ExecutionStarted(SessionEventBase):
     type: Literal["session.execution.started"] = "session.execution.started"
     execution_id: str
 
 
-class ExecutionSucceeded(Event):
+class ExecutionSucceeded(SessionEventBase):
     type: Literal["session.execution.succeeded"] = "session.execution.succeeded"
     execution_id: str
 
 
-class ExecutionFailed(Event):
+class ExecutionFailed(SessionEventBase):
     type: Literal["session.execution.failed"] = "session.execution.failed"
     execution_id: str
     error: SessionError
 
 
-class ExecutionInterrupted(Event):
+class ExecutionInterrupted(SessionEventBase):
     type: Literal["session.execution.interrupted"] = "session.execution.interrupted"
     execution_id: str
     reason: str = "user"
@@ -157,7 +163,7 @@ class ExecutionInterrupted(Event):
 # --- steps --------------------------------------------------------------------------------------
 
 
-class StepStarted(Event):
+class StepStarted(SessionEventBase):
     type: Literal["session.step.started"] = "session.step.started"
     assistant_message_id: str
     agent: str
@@ -165,7 +171,7 @@ class StepStarted(Event):
     attempt: int = 1
 
 
-class StepEnded(Event):
+class StepEnded(SessionEventBase):
     type: Literal["session.step.ended"] = "session.step.ended"
     assistant_message_id: str
     finish: str
@@ -174,7 +180,7 @@ class StepEnded(Event):
     files: tuple[str, ...] = ()
 
 
-class StepFailed(Event):
+class StepFailed(SessionEventBase):
     type: Literal["session.step.failed"] = "session.step.failed"
     assistant_message_id: str
     error: SessionError
@@ -182,7 +188,7 @@ class StepFailed(Event):
     tokens: Tokens | None = None
 
 
-class RetryScheduled(Event):
+class RetryScheduled(SessionEventBase):
     type: Literal["session.retry.scheduled"] = "session.retry.scheduled"
     assistant_message_id: str
     attempt: int
@@ -193,41 +199,41 @@ class RetryScheduled(Event):
 # --- text and reasoning -------------------------------------------------------------------------
 
 
-class TextStarted(Event):
+class TextStarted(SessionEventBase):
     type: Literal["session.text.started"] = "session.text.started"
     assistant_message_id: str
     ordinal: int
 
 
-class TextDelta(Event):
+class TextDelta(SessionEventBase):
     type: Literal["session.text.delta"] = "session.text.delta"
     assistant_message_id: str
     ordinal: int
     delta: str
 
 
-class TextEnded(Event):
+class TextEnded(SessionEventBase):
     type: Literal["session.text.ended"] = "session.text.ended"
     assistant_message_id: str
     ordinal: int
     text: str
 
 
-class ReasoningStarted(Event):
+class ReasoningStarted(SessionEventBase):
     type: Literal["session.reasoning.started"] = "session.reasoning.started"
     assistant_message_id: str
     ordinal: int
     state: dict[str, Any] | None = None
 
 
-class ReasoningDelta(Event):
+class ReasoningDelta(SessionEventBase):
     type: Literal["session.reasoning.delta"] = "session.reasoning.delta"
     assistant_message_id: str
     ordinal: int
     delta: str
 
 
-class ReasoningEnded(Event):
+class ReasoningEnded(SessionEventBase):
     type: Literal["session.reasoning.ended"] = "session.reasoning.ended"
     assistant_message_id: str
     ordinal: int
@@ -238,28 +244,28 @@ class ReasoningEnded(Event):
 # --- tools --------------------------------------------------------------------------------------
 
 
-class ToolInputStarted(Event):
+class ToolInputStarted(SessionEventBase):
     type: Literal["session.tool.input.started"] = "session.tool.input.started"
     assistant_message_id: str
     call_id: str
     name: str
 
 
-class ToolInputDelta(Event):
+class ToolInputDelta(SessionEventBase):
     type: Literal["session.tool.input.delta"] = "session.tool.input.delta"
     assistant_message_id: str
     call_id: str
     delta: str
 
 
-class ToolInputEnded(Event):
+class ToolInputEnded(SessionEventBase):
     type: Literal["session.tool.input.ended"] = "session.tool.input.ended"
     assistant_message_id: str
     call_id: str
     text: str
 
 
-class ToolCalled(Event):
+class ToolCalled(SessionEventBase):
     type: Literal["session.tool.called"] = "session.tool.called"
     assistant_message_id: str
     call_id: str
@@ -269,7 +275,7 @@ class ToolCalled(Event):
     state: dict[str, Any] | None = None
 
 
-class ToolProgress(Event):
+class ToolProgress(SessionEventBase):
     type: Literal["session.tool.progress"] = "session.tool.progress"
     assistant_message_id: str
     call_id: str
@@ -277,7 +283,7 @@ class ToolProgress(Event):
     content: tuple[ContentPart, ...] = ()
 
 
-class ToolSucceeded(Event):
+class ToolSucceeded(SessionEventBase):
     type: Literal["session.tool.success"] = "session.tool.success"
     assistant_message_id: str
     call_id: str
@@ -289,7 +295,7 @@ class ToolSucceeded(Event):
     result_state: dict[str, Any] | None = None
 
 
-class ToolFailed(Event):
+class ToolFailed(SessionEventBase):
     type: Literal["session.tool.failed"] = "session.tool.failed"
     assistant_message_id: str
     call_id: str

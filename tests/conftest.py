@@ -1,0 +1,96 @@
+"""Shared fixtures: every store test runs on a per-test SQLite file and on PostgreSQL.
+
+PostgreSQL tests run when ``SESSIONFLOW_TEST_POSTGRES_URL`` is set (CI always sets it); if it is
+set and the server cannot be reached, the run fails instead of skipping. Each PostgreSQL test
+gets a fresh schema, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sessionflow.settings import Settings
+from store import Store, open_store
+
+POSTGRES_URL = os.environ.get("SESSIONFLOW_TEST_POSTGRES_URL")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a test's store lives; picklable, so subprocesses can open the same store."""
+
+    url: str
+    schema: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return "postgresql" if self.url.startswith("postgresql") else "sqlite"
+
+    async def open(self, **settings: object) -> Store:
+        return await open_store(self.url, schema=self.schema, settings=Settings(**settings))
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    if not POSTGRES_URL:
+        pytest.skip("SESSIONFLOW_TEST_POSTGRES_URL is not set (CI sets it)")
+    try:
+        with psycopg.connect(_libpq(POSTGRES_URL), connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as error:
+        pytest.fail(f"SESSIONFLOW_TEST_POSTGRES_URL is set but PostgreSQL is unreachable: {error}")
+    return POSTGRES_URL
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    if request.param == "sqlite":
+        return Target(f"sqlite+aiosqlite:///{tmp_path / 'sessionflow.db'}")
+    return request.getfixturevalue("postgres_target")
+
+
+@pytest.fixture
+def postgres_target(request: pytest.FixtureRequest, postgres_url: str) -> Target:
+    """A fresh PostgreSQL schema, for tests of what only PostgreSQL has (LISTEN/NOTIFY)."""
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    request.addfinalizer(lambda: _drop_schema(postgres_url, schema))
+    return Target(postgres_url, schema)
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    with psycopg.connect(_libpq(url), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+StoreFactory = Callable[..., Awaitable[Store]]
+
+
+@pytest.fixture
+async def open_test_store(target: Target) -> AsyncIterator[StoreFactory]:
+    """Open stores on the test's target (several may share it); all are closed afterwards."""
+    opened: list[Store] = []
+
+    async def factory(**settings: object) -> Store:
+        store = await target.open(**settings)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        await store.close()
+
+
+@pytest.fixture
+async def store(open_test_store: StoreFactory) -> Store:
+    return await open_test_store()

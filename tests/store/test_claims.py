@@ -1,0 +1,281 @@
+"""The claim: acquisition, takeover, renewal, release, fencing, attempts (DESIGN "The claim")."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+
+from sessionflow.errors import (
+    ClaimHeldError,
+    ClaimLostError,
+    SessionNotFoundError,
+    StaleAttemptError,
+)
+from sessionflow.models import events as ev
+from store import Store
+from tests.store.helpers import count, rows
+
+
+async def new_session(store: Store) -> str:
+    return (await store.sessions.create("/work")).id
+
+
+async def expire(store: Store, session_id: str) -> None:
+    """Move the claim's expiry an hour behind the database clock (as waiting out the lease would)."""
+    async with store.db.write() as tx:
+        await tx.conn.execute(
+            sa.text(
+                "UPDATE session_execution SET expires_at = expires_at - 3600000"
+                " WHERE session_id = :sid"
+            ),
+            {"sid": session_id},
+        )
+
+
+async def test_acquire_creates_a_live_claim_with_the_first_epoch(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    assert (claim.epoch, claim.phase, claim.step_attempt) == (1, "ready", 0)
+    assert await rows(store, "SELECT id, owner_id, epoch FROM session_execution") == [
+        ("exec_a", "owner-a", 1)
+    ]
+
+
+async def test_a_live_claim_of_another_execution_is_held(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    with pytest.raises(ClaimHeldError) as held:
+        await store.claims.acquire(sid, "exec_b", "owner-b")
+    assert held.value.expires_at_ms == claim.expires_at
+    assert held.value.execution_id == "exec_a"
+    assert await count(store, "session_execution") == 1
+    assert await count(store, "session_recovery") == 0
+
+
+async def test_acquiring_again_for_the_same_live_execution_returns_its_claim(store: Store) -> None:
+    sid = await new_session(store)
+    first = await store.claims.acquire(sid, "exec_a", "owner-a")
+    again = await store.claims.acquire(sid, "exec_a", "owner-a")
+    assert again.epoch == first.epoch and again.expires_at >= first.expires_at
+
+
+async def test_acquire_of_an_unknown_session_fails(store: Store) -> None:
+    with pytest.raises(SessionNotFoundError):
+        await store.claims.acquire("ses_missing", "exec_a", "owner-a")
+
+
+async def test_epochs_strictly_increase_across_release_and_takeover(store: Store) -> None:
+    sid = await new_session(store)
+    epochs = []
+    claim = await store.claims.acquire(sid, "exec_1", "owner")
+    epochs.append(claim.epoch)
+    await store.claims.release(claim)
+    claim = await store.claims.acquire(sid, "exec_2", "owner")
+    epochs.append(claim.epoch)
+    await expire(store, sid)
+    claim = await store.claims.acquire(sid, "exec_3", "owner")
+    epochs.append(claim.epoch)
+    assert epochs == [1, 2, 3]
+
+
+async def test_an_expired_claim_never_renews_itself(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    await expire(store, sid)
+    with pytest.raises(ClaimLostError, match="lease expired"):
+        await store.claims.renew(claim)
+    with pytest.raises(ClaimLostError):
+        async with store.claims.fenced(claim):
+            pass
+    row = await rows(store, "SELECT expires_at FROM session_execution")
+    assert row[0][0] == claim.expires_at - 3_600_000
+    revived = await store.claims.acquire(sid, "exec_a", "owner-a")
+    assert revived.epoch == claim.epoch + 1
+    with pytest.raises(ClaimLostError, match="taken over by execution exec_a"):
+        await store.claims.renew(claim)
+    assert (await store.claims.renew(revived)).epoch == revived.epoch
+
+
+async def test_renew_extends_a_live_claim(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a", lease_ms=5_000)
+    await asyncio.sleep(0.05)
+    renewed = await store.claims.renew(claim)
+    assert renewed.expires_at > claim.expires_at
+
+
+async def test_takeover_records_exactly_one_recovery_row(store: Store) -> None:
+    sid = await new_session(store)
+    dead = await store.claims.acquire(sid, "exec_dead", "owner-a")
+    await store.claims.set_phase(dead, "unknown", assistant_message_id="msg_turn")
+    await expire(store, sid)
+    successor = await store.claims.acquire(sid, "exec_next", "owner-b")
+    assert successor.epoch == dead.epoch + 1
+    recoveries = await store.claims.recoveries(sid)
+    assert [(r.execution_id, r.phase, r.continuation_message_id, r.attempts) for r in recoveries] == [
+        ("exec_dead", "unknown", "msg_turn", 0)
+    ]
+    assert await count(store, "session_recovery") == 1
+    assert await rows(store, "SELECT id FROM session_execution") == [("exec_next",)]
+
+
+async def test_abab_the_first_owner_can_never_write_again(store: Store) -> None:
+    sid = await new_session(store)
+    a = await store.claims.acquire(sid, "exec_a", "owner-a")
+    await expire(store, sid)
+    b = await store.claims.acquire(sid, "exec_b", "owner-b")
+    await store.claims.release(b)
+    assert await count(store, "session_execution") == 0
+    for attempt in (store.claims.renew(a), store.claims.release(a)):
+        with pytest.raises(ClaimLostError, match="released"):
+            await attempt
+    with pytest.raises(ClaimLostError):
+        async with store.claims.fenced(a) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="stale"), tx=tx)
+    a_again = await store.claims.acquire(sid, "exec_a", "owner-a")
+    assert a_again.epoch == 3
+    with pytest.raises(ClaimLostError):
+        await store.claims.renew(a)
+
+
+async def test_a_fenced_write_after_the_claim_was_lost_is_rolled_back(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    await expire(store, sid)
+    before = await store.events.latest_sequence(sid)
+    with pytest.raises(ClaimLostError):
+        async with store.claims.fenced(claim) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="late"), tx=tx)
+    assert await store.events.latest_sequence(sid) == before
+    assert await count(store, "session_message") == 0
+
+
+async def test_a_failure_inside_a_fenced_transaction_rolls_everything_back(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    with pytest.raises(RuntimeError):
+        async with store.claims.fenced(claim) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="one"), tx=tx)
+            raise RuntimeError("crash mid-transaction")
+    assert await count(store, "session_message") == 0
+    assert await store.events.latest_sequence(sid) == 0
+
+
+async def test_fenced_events_are_stamped_with_the_claim(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    async with store.claims.fenced(claim) as tx:
+        stored = await store.events.publish(ev.Synthetic(session_id=sid, text="hi"), tx=tx)
+    assert (stored.execution_id, stored.epoch) == ("exec_a", claim.epoch)
+    page = await store.events.read_after(sid, 0)
+    assert [(e.execution_id, e.epoch) for e in page.events] == [("exec_a", claim.epoch)]
+
+
+async def test_writes_from_an_older_step_attempt_are_rejected(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    async with store.claims.fenced(claim, step_attempt=2):
+        pass
+    with pytest.raises(StaleAttemptError, match="step attempt 1 after attempt 2"):
+        async with store.claims.fenced(claim, step_attempt=1) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="zombie"), tx=tx)
+    async with store.claims.fenced(claim, step_attempt=2) as tx:
+        await store.events.publish(ev.Synthetic(session_id=sid, text="current"), tx=tx)
+    messages = await store.sessions.messages(sid)
+    assert [m.text for m in messages] == ["current"]  # type: ignore[union-attr]
+
+
+async def test_release_deletes_and_frees_the_session_at_once(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    await store.claims.release(claim)
+    assert await store.claims.current(sid) is None
+    other = await store.claims.acquire(sid, "exec_b", "owner-b")
+    assert other.epoch == 2
+    with pytest.raises(ClaimLostError):
+        await store.claims.release(claim)
+    assert (await store.claims.current(sid)) is not None
+
+
+async def test_a_takeover_waits_for_an_open_fenced_transaction(store: Store) -> None:
+    """Delayed write (F3): the takeover cannot slip between the fence check and the commit."""
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a", lease_ms=60_000)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_writer() -> None:
+        async with store.claims.fenced(claim) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="a"), tx=tx)
+            entered.set()
+            await release.wait()
+
+    writer = asyncio.create_task(slow_writer())
+    await entered.wait()
+    taker = asyncio.create_task(store.claims.acquire(sid, "exec_b", "owner-b"))
+    await asyncio.sleep(0.3)
+    assert not taker.done()
+    release.set()
+    await writer
+    with pytest.raises(ClaimHeldError):
+        await taker
+    assert [m.seq for m in await store.sessions.messages(sid)] == [1]
+
+
+async def test_recovery_attempts_are_counted_and_inherited(store: Store) -> None:
+    sid = await new_session(store)
+    first = await store.claims.acquire(sid, "exec_1", "owner")
+    await expire(store, sid)
+    second = await store.claims.acquire(sid, "exec_2", "owner")
+    (recovery,) = await store.claims.recoveries(sid)
+    async with store.claims.fenced(second) as tx:
+        assert await store.claims.begin_recovery(tx, recovery) == 1
+    assert await store.claims.recoveries(sid) == []
+    await expire(store, sid)
+    third = await store.claims.acquire(sid, "exec_3", "owner")
+    (inherited,) = await store.claims.recoveries(sid)
+    assert (inherited.execution_id, inherited.attempts) == ("exec_2", 1)
+    async with store.claims.fenced(third) as tx:
+        assert await store.claims.begin_recovery(tx, inherited) == 2
+        await store.claims.clear_recoveries(tx, sid)
+    assert await count(store, "session_recovery") == 0
+    assert first.epoch < second.epoch < third.epoch
+
+
+async def test_recoveries_are_selected_oldest_first_without_errors(store: Store) -> None:
+    sid = await new_session(store)
+    await store.claims.acquire(sid, "exec_b", "owner")
+    await expire(store, sid)
+    await store.claims.acquire(sid, "exec_a", "owner")
+    await expire(store, sid)
+    claim = await store.claims.acquire(sid, "exec_c", "owner")
+    recoveries = await store.claims.recoveries(sid)
+    assert [r.execution_id for r in recoveries] == ["exec_b", "exec_a"]
+    async with store.claims.fenced(claim) as tx:
+        await store.claims.fail_recovery(tx, recoveries[0], "budget exhausted")
+    assert [r.execution_id for r in await store.claims.recoveries(sid)] == ["exec_a"]
+
+
+async def test_expired_lists_sessions_to_recover(store: Store) -> None:
+    live, dead = await new_session(store), await new_session(store)
+    await store.claims.acquire(live, "exec_live", "owner")
+    await store.claims.acquire(dead, "exec_dead", "owner")
+    async with store.db.write() as tx:
+        await tx.conn.exec_driver_sql(
+            "UPDATE session_execution SET expires_at = 0 WHERE id = 'exec_dead'"
+        )
+    assert await store.claims.expired() == [dead]
+
+
+async def test_set_phase_is_fenced(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    updated = await store.claims.set_phase(claim, "continue", assistant_message_id="msg_1")
+    assert (updated.phase, updated.assistant_message_id) == ("continue", "msg_1")
+    current = await store.claims.current(sid)
+    assert current is not None
+    assert (current.phase, current.assistant_message_id, current.epoch) == ("continue", "msg_1", 1)
+    await expire(store, sid)
+    with pytest.raises(ClaimLostError):
+        await store.claims.set_phase(claim, "ready")

@@ -1,0 +1,121 @@
+"""Concurrency across connections and processes: claim races, gap-free appends, followers."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import random
+
+from sessionflow.errors import SessionflowError
+from store import Store
+from store.events import StoredEvent
+from tests.conftest import StoreFactory, Target
+from tests.store.helpers import Probe, rows
+from tests.store.procs import appender, claim_racer, spawn
+
+WORKERS = 8
+ROUNDS = 100
+
+
+async def test_claim_race_has_exactly_one_winner_per_round(store: Store, target: Target) -> None:
+    sessions = [(await store.sessions.create("/race")).id for _ in range(ROUNDS)]
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(WORKERS), context.Queue()
+    processes = [
+        spawn(claim_racer, target, worker, sessions, barrier, results) for worker in range(WORKERS)
+    ]
+    outcomes = [await asyncio.to_thread(results.get, True, 120) for _ in range(WORKERS * ROUNDS)]
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    for round_, session_id in enumerate(sessions):
+        round_outcomes = [o for o in outcomes if o[0] == round_]
+        winners = [o for o in round_outcomes if o[2] == "won"]
+        assert len(winners) == 1, f"round {round_}: {round_outcomes}"
+        (_, worker, _, epoch) = winners[0]
+        assert epoch == 1
+        assert {o[3] for o in round_outcomes if o[2] == "held"} == {f"exec_{round_}_{worker}"}
+    claims = await rows(store, "SELECT session_id, id, epoch FROM session_execution ORDER BY id")
+    assert len(claims) == ROUNDS and {c[2] for c in claims} == {1}
+    assert await rows(store, "SELECT count(*) FROM session_recovery") == [(0,)]
+
+
+async def test_concurrent_appenders_with_aborted_transactions_stay_gap_free(
+    open_test_store: StoreFactory,
+) -> None:
+    stores = [await open_test_store() for _ in range(4)]
+    for store in stores:
+        store.events.registry.register(Probe)
+    committed = 0
+
+    async def append(store: Store, rng: random.Random) -> int:
+        done = 0
+        for value in range(60):
+            try:
+                async with store.db.write() as tx:
+                    await store.events.publish(Probe(session_id="ses_gapless", value=value), tx=tx)
+                    if rng.random() < 0.3:
+                        raise SessionflowError("abort this transaction")
+                done += 1
+            except SessionflowError:
+                pass
+        return done
+
+    counts = await asyncio.gather(*(append(s, random.Random(i)) for i, s in enumerate(stores)))
+    committed = sum(counts)
+    seqs = await rows(stores[0], "SELECT seq FROM event WHERE aggregate_id = 'ses_gapless' ORDER BY seq")
+    assert [s[0] for s in seqs] == list(range(committed))
+    assert 0 < committed < 240
+
+
+async def _follow_until(store: Store, aggregate: str, last: int, **kwargs: object) -> list[int]:
+    received: list[int] = []
+    async for item in store.events.log(aggregate, follow=True, **kwargs):  # type: ignore[arg-type]
+        if isinstance(item, StoredEvent):
+            received.append(item.seq)
+            if item.seq == last:
+                break
+    return received
+
+
+async def test_a_follower_started_during_heavy_appends_from_another_process_misses_nothing(
+    store: Store, target: Target
+) -> None:
+    store.events.registry.register(Probe)
+    total = 400
+    process = spawn(appender, target, "ses_heavy", total, 0)
+    while await store.events.latest_sequence("ses_heavy") < 50:
+        await asyncio.sleep(0.01)
+    # A long poll interval: on PostgreSQL the NOTIFY doorbell must carry the live phase.
+    interval = 30.0 if target.backend == "postgresql" else 0.05
+    received = await asyncio.wait_for(
+        _follow_until(store, "ses_heavy", total - 1, poll_interval=interval), 60
+    )
+    await asyncio.to_thread(process.join, 30)
+    assert process.exitcode == 0
+    assert received == list(range(total))
+
+
+async def test_a_postgres_follower_survives_its_listener_connection_being_killed(
+    postgres_target: Target,
+) -> None:
+    target = postgres_target
+    store = await target.open()
+    store.events.registry.register(Probe)
+    total = 300
+    follower = asyncio.create_task(
+        _follow_until(store, "ses_killed", total - 1, poll_interval=60.0)
+    )
+    while store.notifier.listener_pid is None:
+        await asyncio.sleep(0.01)
+    first_pid = store.notifier.listener_pid
+    process = spawn(appender, target, "ses_killed", total, 20)
+    while await store.events.latest_sequence("ses_killed") < 100:
+        await asyncio.sleep(0.01)
+    async with store.db.write() as tx:
+        await tx.conn.exec_driver_sql(f"SELECT pg_terminate_backend({first_pid})")
+    received = await asyncio.wait_for(follower, 60)
+    await asyncio.to_thread(process.join, 30)
+    await store.close()
+    assert received == list(range(total))
+    assert store.notifier.reconnects >= 1 and store.notifier.listener_pid != first_pid
