@@ -238,9 +238,7 @@ class Claims:
             assistant_message_id=row.assistant_message_id,
         )
 
-    async def _lost(
-        self, tx: Tx, claim: Claim, step_attempt: int | None = None
-    ) -> ClaimLostError:
+    async def _lost(self, tx: Tx, claim: Claim, step_attempt: int | None = None) -> ClaimLostError:
         query = sa.select(execution_table, now_ms(tx.dialect).label("now")).where(
             _x.session_id == claim.session_id
         )

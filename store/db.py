@@ -113,11 +113,10 @@ class Database:
     @asynccontextmanager
     async def write(self, *, stamp: Stamp | None = None) -> AsyncIterator[Tx]:
         """A write transaction; after-commit callbacks run only if it commits."""
-        async with self._serialized():
-            async with self.write_engine.connect() as conn:
-                tx = Tx(conn, self.dialect, stamp)
-                async with conn.begin():
-                    yield tx
+        async with self._serialized(), self.write_engine.connect() as conn:
+            tx = Tx(conn, self.dialect, stamp)
+            async with conn.begin():
+                yield tx
         for callback in tx.after_commit:
             callback()
 

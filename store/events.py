@@ -121,7 +121,7 @@ class EventStore:
     # --- registration ---------------------------------------------------------------------------
 
     def project(self, cls: type[Event], projector: Projector) -> None:
-        """Run ``projector`` inside the transaction of every ``cls`` event, in registration order."""
+        """Run ``projector`` in the transaction of every ``cls`` event, in registration order."""
         self.registry.register(cls)
         self._projectors.setdefault(cls, []).append(projector)
 
@@ -261,9 +261,7 @@ class EventStore:
             for row in rows:
                 latest[row["aggregate_id"]] = row["seq"]
             for agg, seq in latest.items():
-                await tx.conn.execute(
-                    sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, f"{agg} {seq}"))
-                )
+                await tx.conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, f"{agg} {seq}")))
 
     def _after_commit(self, tx: Tx, stored: list[StoredEvent], *, publish: bool) -> None:
         def notify() -> None:
@@ -406,9 +404,7 @@ class EventStore:
                     f"expected {start + index}, got {event.seq}"
                 )
         for event in events:
-            await self.replay(
-                event, publish=publish, owner_id=owner_id, strict_owner=strict_owner
-            )
+            await self.replay(event, publish=publish, owner_id=owner_id, strict_owner=strict_owner)
         return aggregate
 
     # --- ownership and maintenance --------------------------------------------------------------

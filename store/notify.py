@@ -32,10 +32,10 @@ class Doorbell:
     def ring(self) -> None:
         self._rung.set()
 
-    async def wait(self, timeout: float) -> bool:
-        """Wait for a ring or the timeout; True if it rang. Clears the ring either way."""
+    async def wait(self, seconds: float) -> bool:
+        """Wait for a ring or ``seconds``; True if it rang. Clears the ring either way."""
         try:
-            await asyncio.wait_for(self._rung.wait(), timeout)
+            await asyncio.wait_for(self._rung.wait(), seconds)
             return True
         except TimeoutError:
             return False

@@ -21,6 +21,7 @@ from sessionflow.models.messages import (
     AssistantMessage,
     CompactionMessage,
     ReasoningPart,
+    RetryInfo,
     SyntheticMessage,
     SystemMessage,
     TextPart,
@@ -93,7 +94,7 @@ async def _created(tx: Tx, stored: StoredEvent, event: ev.SessionCreated) -> Non
 
 
 @handles(ev.SessionRenamed, ev.ModelSelected, ev.AgentSelected)
-async def _session_settings(tx: Tx, stored: StoredEvent, event: ev.Event) -> None:
+async def _session_settings(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
     values: dict[str, Any] = {"time_updated": stored.created}
     if isinstance(event, ev.SessionRenamed):
         values["title"] = codec.column_text(event.title)
@@ -254,9 +255,7 @@ async def _promoted(tx: Tx, stored: StoredEvent, event: ev.PromptPromoted) -> No
 
 
 @handles(ev.CompactionAdmitted)
-async def _compaction_admitted(
-    tx: Tx, stored: StoredEvent, event: ev.CompactionAdmitted
-) -> None:
+async def _compaction_admitted(tx: Tx, stored: StoredEvent, event: ev.CompactionAdmitted) -> None:
     statement = (
         insert(tx.dialect, input_table)
         .values(
@@ -390,18 +389,12 @@ async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | 
 @handles(ev.RetryScheduled)
 async def _retry(tx: Tx, stored: StoredEvent, event: ev.RetryScheduled) -> None:
     message = await _assistant(tx, event)
-    message.retry = _retry_info(event)
+    message.retry = RetryInfo(attempt=event.attempt, at=event.at, error=event.error)
     await _save_message(tx, stored, message)
 
 
-def _retry_info(event: ev.RetryScheduled) -> Any:
-    from sessionflow.models.messages import RetryInfo
-
-    return RetryInfo(attempt=event.attempt, at=event.at, error=event.error)
-
-
 @handles(ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
-async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.Event) -> None:
+async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
     query = (
         sa.select(message_table.c.data)
         .where(message_table.c.session_id == event.session_id)
@@ -476,7 +469,9 @@ async def _tool(tx: Tx, stored: StoredEvent, event: Any) -> None:
     if isinstance(event, ev.ToolInputStarted | ev.ToolCalled) and (
         part is None or (isinstance(event, ev.ToolInputStarted) and part.settled)
     ):
-        part = ToolPart(call_id=event.call_id, name=event.name, time=ToolTimes(created=stored.created))
+        part = ToolPart(
+            call_id=event.call_id, name=event.name, time=ToolTimes(created=stored.created)
+        )
         message.content.append(part)
     if part is None:
         raise InvalidDurableEventError(f"Unknown tool call: {event.call_id}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,7 @@ class Sessions:
             rows = (await conn.execute(query.limit(max(1, limit)))).all()
         return [_info(row) for row in rows]
 
-    async def messages(self, session_id: str) -> list[Message]:
+    async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)
         query = (

@@ -23,7 +23,7 @@ async def new_session(store: Store) -> str:
 
 
 async def expire(store: Store, session_id: str) -> None:
-    """Move the claim's expiry an hour behind the database clock (as waiting out the lease would)."""
+    """Move the claim's expiry an hour behind the database clock, as waiting out the lease would."""
     async with store.db.write() as tx:
         await tx.conn.execute(
             sa.text(
@@ -114,9 +114,9 @@ async def test_takeover_records_exactly_one_recovery_row(store: Store) -> None:
     successor = await store.claims.acquire(sid, "exec_next", "owner-b")
     assert successor.epoch == dead.epoch + 1
     recoveries = await store.claims.recoveries(sid)
-    assert [(r.execution_id, r.phase, r.continuation_message_id, r.attempts) for r in recoveries] == [
-        ("exec_dead", "unknown", "msg_turn", 0)
-    ]
+    assert [
+        (r.execution_id, r.phase, r.continuation_message_id, r.attempts) for r in recoveries
+    ] == [("exec_dead", "unknown", "msg_turn", 0)]
     assert await count(store, "session_recovery") == 1
     assert await rows(store, "SELECT id FROM session_execution") == [("exec_next",)]
 

@@ -28,15 +28,20 @@ async def test_claim_race_has_exactly_one_winner_per_round(store: Store, target:
     for process in processes:
         process.join(30)
         assert process.exitcode == 0
+    claims = {
+        row[0]: (row[1], row[2])
+        for row in await rows(store, "SELECT session_id, id, epoch FROM session_execution")
+    }
     for round_, session_id in enumerate(sessions):
         round_outcomes = [o for o in outcomes if o[0] == round_]
         winners = [o for o in round_outcomes if o[2] == "won"]
         assert len(winners) == 1, f"round {round_}: {round_outcomes}"
         (_, worker, _, epoch) = winners[0]
+        winner = f"exec_{round_}_{worker}"
         assert epoch == 1
-        assert {o[3] for o in round_outcomes if o[2] == "held"} == {f"exec_{round_}_{worker}"}
-    claims = await rows(store, "SELECT session_id, id, epoch FROM session_execution ORDER BY id")
-    assert len(claims) == ROUNDS and {c[2] for c in claims} == {1}
+        assert {o[3] for o in round_outcomes if o[2] == "held"} == {winner}
+        assert claims[session_id] == (winner, 1)
+    assert len(claims) == ROUNDS
     assert await rows(store, "SELECT count(*) FROM session_recovery") == [(0,)]
 
 
@@ -63,7 +68,9 @@ async def test_concurrent_appenders_with_aborted_transactions_stay_gap_free(
 
     counts = await asyncio.gather(*(append(s, random.Random(i)) for i, s in enumerate(stores)))
     committed = sum(counts)
-    seqs = await rows(stores[0], "SELECT seq FROM event WHERE aggregate_id = 'ses_gapless' ORDER BY seq")
+    seqs = await rows(
+        stores[0], "SELECT seq FROM event WHERE aggregate_id = 'ses_gapless' ORDER BY seq"
+    )
     assert [s[0] for s in seqs] == list(range(committed))
     assert 0 < committed < 240
 

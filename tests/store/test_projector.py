@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sessionflow.errors import InvalidDurableEventError
+from sessionflow.errors import InvalidDurableEventError, LifecycleConflictError
 from sessionflow.ids import message_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, SessionError, TextContent, Tokens
@@ -798,3 +798,14 @@ async def test_a_failing_projector_rolls_back_the_whole_batch(store: Store) -> N
     assert await count(store, "event", "aggregate_id = :sid", sid=sid) == latest + 1
     assert await store.sessions.messages(sid) == []
     assert (await store.sessions.get(sid)).cost == 0.0
+
+
+async def test_a_message_id_collision_rolls_back_the_publish(store: Store) -> None:
+    sid = await new_session(store)
+    await start_step(store, sid, "msg_collide")
+    latest = await store.events.latest_sequence(sid)
+    with pytest.raises(LifecycleConflictError):
+        await publish(store, ev.Synthetic(session_id=sid, text="clash"), id="evt_collide")
+    assert await count(store, "event", "id = :id", id="evt_collide") == 0
+    assert await store.events.latest_sequence(sid) == latest
+    assert [m.type for m in await store.sessions.messages(sid)] == ["assistant"]
