@@ -89,7 +89,7 @@ async def _created(tx: Tx, stored: StoredEvent, event: ev.SessionCreated) -> Non
         "time_updated": stored.created,
     }
     statement = insert(tx.dialect, session_table).values(**values).on_conflict_do_nothing()
-    if (await tx.conn.execute(statement)).rowcount == 0:
+    if not await _inserted(tx, statement.returning(session_table.c.id)):
         raise InvalidDurableEventError(f"Session {event.session_id} already exists")
 
 
@@ -103,6 +103,14 @@ async def _session_settings(tx: Tx, stored: StoredEvent, event: ev.SessionEventB
     elif isinstance(event, ev.AgentSelected):
         values["agent"] = event.agent
     await _update_session(tx, event.session_id, values)
+
+
+async def _inserted(tx: Tx, statement: Any) -> bool:
+    """Whether an INSERT ... ON CONFLICT DO NOTHING RETURNING inserted its row.
+
+    RETURNING, not rowcount: psycopg reports -1 for INSERT unless asked to preserve it.
+    """
+    return (await tx.conn.execute(statement)).first() is not None
 
 
 async def _update_session(tx: Tx, session_id: str, values: dict[str, Any]) -> None:
@@ -131,8 +139,9 @@ async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
             data=codec.dumps(message.model_dump(mode="json")),
         )
         .on_conflict_do_nothing()
+        .returning(message_table.c.id)
     )
-    if (await tx.conn.execute(statement)).rowcount == 0:
+    if not await _inserted(tx, statement):
         raise LifecycleConflictError(message.id, "a message with this id already exists")
 
 
@@ -206,8 +215,9 @@ async def _admitted(tx: Tx, stored: StoredEvent, event: ev.PromptAdmitted) -> No
             time_created=stored.created,
         )
         .on_conflict_do_nothing()
+        .returning(input_table.c.id)
     )
-    if (await tx.conn.execute(statement)).rowcount == 0:
+    if not await _inserted(tx, statement):
         raise LifecycleConflictError(event.input_id, "already admitted")
     await _touch(tx, stored)
 
@@ -266,8 +276,9 @@ async def _compaction_admitted(tx: Tx, stored: StoredEvent, event: ev.Compaction
             time_created=stored.created,
         )
         .on_conflict_do_nothing()
+        .returning(input_table.c.id)
     )
-    if (await tx.conn.execute(statement)).rowcount == 0:
+    if not await _inserted(tx, statement):
         raise LifecycleConflictError(event.input_id, "a compaction is already pending")
     message = CompactionMessage(
         id=event.input_id,
@@ -284,25 +295,34 @@ async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
     message = None
     if event.input_id is not None:
         message = await load_message(tx, event.session_id, event.input_id)
+        if message is not None and not isinstance(message, CompactionMessage):
+            raise LifecycleConflictError(event.input_id, "not a compaction")
     if message is None:
         message = CompactionMessage(
             id=derived_message_id(stored.id),
             session_id=event.session_id,
             seq=stored.seq,
             time_created=stored.created,
-            reason="auto",
+            reason=getattr(event, "reason", "auto") if event.input_id is None else "manual",
         )
         await _insert_message(tx, stored, message)
     if isinstance(event, ev.CompactionStarted):
         message.status = "running"
     elif isinstance(event, ev.CompactionEnded):
         message.status, message.summary, message.recent = "completed", event.summary, event.recent
+        message.reason = event.reason
     else:
         message.status = "failed"
     if not isinstance(event, ev.CompactionStarted) and event.input_id is not None:
+        # Only this session's compaction input is settled: the barrier it held is released.
         await tx.conn.execute(
             input_table.update()
-            .where(input_table.c.id == event.input_id, input_table.c.promoted_seq.is_(None))
+            .where(
+                input_table.c.id == event.input_id,
+                input_table.c.session_id == event.session_id,
+                input_table.c.type == "compaction",
+                input_table.c.promoted_seq.is_(None),
+            )
             .values(promoted_seq=stored.seq)
         )
     await _save_message(tx, stored, message)
@@ -433,6 +453,8 @@ async def _reasoning(
 ) -> None:
     message = await _assistant(tx, event)
     part = _latest(message, ReasoningPart, event.ordinal)
+    if part is not None and part.time_completed is not None:
+        part = None  # reasoning.ended applies to the latest incomplete reasoning only
     if part is None or isinstance(event, ev.ReasoningStarted):
         part = ReasoningPart(ordinal=event.ordinal, time_created=stored.created)
         message.content.append(part)

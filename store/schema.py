@@ -50,6 +50,9 @@ class SessionRow(Base):
     # The last claim epoch ever issued for this session: it survives claim release, so epochs
     # strictly increase across every claim the session ever had.
     claim_epoch: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    # Provider requests made for this session so far (retries count): a scripted model answers
+    # request n with its turn n, across worker restarts.
+    request_count: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     time_created: Mapped[Millis]
     time_updated: Mapped[Millis]
     time_archived: Mapped[int | None] = mapped_column(sa.BigInteger)

@@ -93,19 +93,22 @@ class Sessions:
         limit: int = DEFAULT_LIST_LIMIT,
     ) -> list[SessionInfo]:
         """Sessions, most recently updated first (then by id, newest first)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
         query = sa.select(session_table).order_by(_s.time_updated.desc(), _s.id.desc())
         if directory is not None:
             query = query.where(_s.directory == directory)
         if workspace_id is not None:
             query = query.where(_s.workspace_id == workspace_id)
         if search:
-            query = query.where(_s.title.contains(search, autoescape=True))
+            # Case-insensitive on both databases (SQLite LIKE already is, PostgreSQL's is not).
+            query = query.where(sa.func.lower(_s.title).contains(search.lower(), autoescape=True))
         if roots_only:
             query = query.where(_s.parent_id.is_(None))
         if updated_since is not None:
             query = query.where(_s.time_updated >= updated_since)
         async with self.db.read() as conn:
-            rows = (await conn.execute(query.limit(max(1, limit)))).all()
+            rows = (await conn.execute(query.limit(limit))).all()
         return [_info(row) for row in rows]
 
     async def messages(self, session_id: str) -> builtins.list[Message]:

@@ -345,6 +345,18 @@ async def test_another_sessions_compaction_end_does_not_release_the_barrier(
     assert not await store.inputs.has_pending(sid, "steer")
 
 
+async def test_a_compaction_end_naming_a_prompt_leaves_the_prompt_pending(store: Store) -> None:
+    sid = await new_session(store)
+    prompt = await store.inputs.admit(sid, "keep me")
+    await store.events.publish(ev.CompactionEnded(session_id=sid, input_id=prompt.id, summary="x"))
+    receipt = await store.inputs.get(prompt.id)
+    assert receipt is not None
+    assert receipt.promoted_seq is None
+    assert await store.inputs.has_pending(sid, "steer")
+    assert await promote_steers(store, sid) == 1
+    assert [u.text for u in await user_messages(store, sid)] == ["keep me"]
+
+
 # --- promotion ----------------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("tokens_cache_read", sa.BigInteger(), nullable=False),
         sa.Column("tokens_cache_write", sa.BigInteger(), nullable=False),
         sa.Column("claim_epoch", sa.BigInteger(), nullable=False),
+        sa.Column("request_count", sa.BigInteger(), nullable=False),
         sa.Column("time_created", sa.BigInteger(), nullable=False),
         sa.Column("time_updated", sa.BigInteger(), nullable=False),
         sa.Column("time_archived", sa.BigInteger(), nullable=True),

@@ -1,0 +1,191 @@
+"""Payloads of the drain workflow and its activities: ids, counts, short errors, never transcripts.
+
+These are durable contracts: histories in flight hold them. New fields must be optional.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sessionflow.models.common import Model, SessionError, Tokens
+
+Promotion = Literal["steer", "queue"] | None
+TASK_QUEUE = "sessionflow"
+WORKFLOW_ID_PREFIX = "session-"
+
+
+def workflow_id(session_id: str) -> str:
+    return f"{WORKFLOW_ID_PREFIX}{session_id}"
+
+
+class ClaimRef(Model):
+    """Enough of a claim for an activity to open fenced transactions under it."""
+
+    session_id: str
+    execution_id: str
+    owner_id: str
+    epoch: int
+    lease_ms: int
+
+
+# --- workflow messages --------------------------------------------------------------------------
+
+
+class DrainInput(Model):
+    session_id: str
+    # Carried across continue-as-new only: the busy period in flight and its claim.
+    execution_id: str | None = None
+    claim: ClaimRef | None = None
+    pending_wake: bool = False
+    force: bool = False
+    period: int = 0
+    turns: int = 0
+
+
+class WakeSignal(Model):
+    input_id: str | None = None
+
+
+class InterruptRequest(Model):
+    reason: str = "user"
+    request_id: str | None = None
+
+
+class InterruptResult(Model):
+    accepted: bool
+
+
+class Outcome(Model):
+    """The terminal outcome of one busy period."""
+
+    type: Literal["succeeded", "failed", "interrupted"]
+    reason: str | None = None
+    error: SessionError | None = None
+    execution_id: str | None = None
+
+
+class ResumeRequest(Model):
+    request_id: str | None = None
+
+
+class ToolReady(Model):
+    assistant_message_id: str
+    call_id: str
+    name: str
+
+
+class RunningTool(Model):
+    call_id: str
+    name: str
+    started_at: str
+
+
+class DrainStatus(Model):
+    busy: bool
+    stopping: bool = False
+    phase: str = "idle"
+    step: int = 0
+    turns: int = 0
+    execution_id: str | None = None
+    running_tools: tuple[RunningTool, ...] = ()
+    pending_wake: bool = False
+
+
+# --- activities ---------------------------------------------------------------------------------
+
+
+class AcquireInput(Model):
+    session_id: str
+    execution_id: str
+    owner_id: str
+
+
+class PrepareInput(Model):
+    claim: ClaimRef
+    force: bool
+
+
+class PrepareResult(Model):
+    run: bool
+    promotion: Promotion = None
+    max_steps: int | None = None
+    max_active_tools: int = 8
+    stale_tools: int = 0
+    failure: SessionError | None = None
+
+
+class PendingInput(Model):
+    claim: ClaimRef
+
+
+class PendingResult(Model):
+    steer: bool
+    queue: bool
+
+
+class TurnInput(Model):
+    claim: ClaimRef
+    assistant_message_id: str
+    step: int
+    attempt: int = Field(description="fencing token of this step attempt, increasing per drain")
+    promotion: Promotion = None
+    max_steps: int | None = None
+    retry: int = 0
+
+
+class CallRef(Model):
+    call_id: str
+    name: str
+
+
+class TurnResult(Model):
+    assistant_message_id: str
+    step: int
+    started: bool = False
+    finish: str | None = None
+    tokens: Tokens | None = None
+    cost: float = 0.0
+    calls: tuple[CallRef, ...] = ()
+    step_failure: SessionError | None = None
+    provider_failed: bool = False
+    raw_error: SessionError | None = None
+    retryable: bool = False
+    retry_after_ms: int | None = None
+    retry_evidence: bool = False
+
+
+class ToolInput(Model):
+    claim: ClaimRef
+    assistant_message_id: str
+    call_id: str
+    name: str
+
+
+class ToolOutcome(Model):
+    call_id: str
+    status: Literal["completed", "error", "interrupted", "infrastructure"]
+    error: SessionError | None = None
+
+
+class FinishStepInput(Model):
+    claim: ClaimRef
+    attempt: int
+    turn: TurnResult
+    interrupted: bool = False
+    infrastructure_error: SessionError | None = None
+    retry_at_ms: int | None = None
+    retry_attempt: int | None = None
+
+
+class FinishStepResult(Model):
+    ended: bool
+    failure: SessionError | None = None
+    needs_continuation: bool = False
+
+
+class FinishExecutionInput(Model):
+    claim: ClaimRef
+    outcome: Outcome
+    keep_claim: bool = False
