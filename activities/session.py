@@ -1,0 +1,269 @@
+"""The drain's activities: claim glue, preparation, input checks, step settlement, lifecycle.
+
+Every write goes through a fenced transaction under the drain's claim; every activity is
+idempotent, because Temporal delivers activities at least once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity
+
+from activities.runtime import Runtime, to_claim, to_ref, translated
+from sessionflow.models import events as ev
+from sessionflow.models.common import SessionError, Tokens
+from sessionflow.models.drain import (
+    AcquireInput,
+    ClaimRef,
+    FinishExecutionInput,
+    FinishStepInput,
+    FinishStepResult,
+    PendingInput,
+    PendingResult,
+    PrepareInput,
+    PrepareResult,
+)
+from sessionflow.models.messages import AssistantMessage, ToolPart
+from store.db import Tx
+
+RESUME_BUDGET = 10
+RESTART_TEXT = (
+    "The server restarted while you were working. "
+    "Continue from where you left off without repeating completed work."
+)
+BUDGET_MESSAGE = "Execution was interrupted repeatedly and will not be resumed automatically."
+INTERRUPTED_TOOL = SessionError(type="aborted", message="Tool execution interrupted")
+INTERRUPTED_STEP = SessionError(type="aborted", message="Step interrupted")
+RESULT_MISSING = SessionError(
+    type="tool.result-missing", message="Provider did not return a tool result"
+)
+
+
+class SessionActivities:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    @property
+    def store(self) -> Any:
+        return self.rt.store
+
+    # --- claim and lifecycle --------------------------------------------------------------------
+
+    @activity.defn
+    async def acquire_claim(self, request: AcquireInput) -> ClaimRef:
+        async with translated():
+            claim = await self.store.claims.acquire(
+                request.session_id, request.execution_id, request.owner_id
+            )
+            async with self.store.claims.fenced(claim) as tx:
+                await self.store.events.publish(
+                    ev.ExecutionStarted(
+                        session_id=request.session_id, execution_id=request.execution_id
+                    ),
+                    id=f"evt_{request.execution_id}_started",
+                    tx=tx,
+                )
+            return to_ref(claim)
+
+    @activity.defn
+    async def finish_execution(self, request: FinishExecutionInput) -> None:
+        """The busy period's one terminal event, and the claim released with it."""
+        claim, outcome = request.claim, request.outcome
+        event: ev.Event
+        if outcome.type == "succeeded":
+            event = ev.ExecutionSucceeded(
+                session_id=claim.session_id, execution_id=claim.execution_id
+            )
+        elif outcome.type == "interrupted":
+            event = ev.ExecutionInterrupted(
+                session_id=claim.session_id,
+                execution_id=claim.execution_id,
+                reason=outcome.reason or "user",
+            )
+        else:
+            error = outcome.error or SessionError(type="unknown", message="Drain failed")
+            event = ev.ExecutionFailed(
+                session_id=claim.session_id, execution_id=claim.execution_id, error=error
+            )
+        async with translated():
+            fenced = to_claim(claim)
+            async with self.store.claims.fenced(fenced) as tx:
+                await self.store.events.publish(
+                    event, id=f"evt_{claim.execution_id}_{outcome.type}", tx=tx
+                )
+                await self.store.claims.clear_recoveries(tx, claim.session_id)
+            if not request.keep_claim:
+                await self.store.claims.release(fenced)
+
+    # --- preparation ----------------------------------------------------------------------------
+
+    @activity.defn
+    async def prepare_drain(self, request: PrepareInput) -> PrepareResult:
+        """Recover a dead execution's turn, fail stale tools, and decide whether to run."""
+        claim = to_claim(request.claim)
+        sid = claim.session_id
+        async with translated():
+            session = await self.store.sessions.get(sid)
+            limits = {
+                "max_steps": session.settings.get("max_steps"),
+                "max_active_tools": session.settings.get("max_active_tools", 8),
+            }
+            force = request.force
+            for recovery in await self.store.claims.recoveries(sid):
+                async with self.store.claims.fenced(claim) as tx:
+                    attempts = await self.store.claims.begin_recovery(tx, recovery)
+                    if attempts > RESUME_BUDGET:
+                        await self.store.claims.fail_recovery(tx, recovery, BUDGET_MESSAGE)
+                        failure = SessionError(type="aborted", message=BUDGET_MESSAGE)
+                        return PrepareResult(run=False, failure=failure, **limits)
+                    await self.store.events.publish(
+                        ev.Synthetic(
+                            session_id=sid,
+                            text=RESTART_TEXT,
+                            description="Continuing after restart",
+                        ),
+                        tx=tx,
+                    )
+                force = True
+            steer = await self.store.inputs.has_pending(sid, "steer")
+            queue = not steer and await self.store.inputs.has_pending(sid, "queue")
+            if not (force or steer or queue):
+                return PrepareResult(run=False, **limits)
+            stale = await self._fail_stale_tools(claim)
+            promotion = "steer" if steer else "queue" if queue else None
+            return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
+
+    async def _fail_stale_tools(self, claim: Any) -> int:
+        """Tools left pending or running by a dead process become ``tool.stale`` errors."""
+        stale: list[ev.Event] = []
+        for message in await self.store.sessions.messages(claim.session_id):
+            if not isinstance(message, AssistantMessage):
+                continue
+            for part in message.content:
+                if isinstance(part, ToolPart) and not part.settled:
+                    error = SessionError(
+                        type="tool.stale", message=f"Tool execution interrupted: {part.name}"
+                    )
+                    stale.append(_tool_failed(message, part, error))
+        if stale:
+            async with self.store.claims.fenced(claim) as tx:
+                await self.store.events.publish_many(stale, tx=tx)
+        return len(stale)
+
+    @activity.defn
+    async def pending_inputs(self, request: PendingInput) -> PendingResult:
+        sid = request.claim.session_id
+        async with translated():
+            steer = await self.store.inputs.has_pending(sid, "steer")
+            queue = await self.store.inputs.has_pending(sid, "queue")
+        return PendingResult(steer=steer, queue=queue)
+
+    # --- step settlement ------------------------------------------------------------------------
+
+    @activity.defn
+    async def finish_step(self, request: FinishStepInput) -> FinishStepResult:
+        """Settle a step after all its tools: at most one terminal step event (reference §4.5.14)."""
+        turn, claim = request.turn, to_claim(request.claim)
+        async with translated():
+            messages = await self.store.sessions.messages(claim.session_id)
+            message = next(
+                (
+                    m
+                    for m in messages
+                    if isinstance(m, AssistantMessage) and m.id == turn.assistant_message_id
+                ),
+                None,
+            )
+            if message is None:
+                return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
+            async with self.store.claims.fenced(claim, step_attempt=request.attempt) as tx:
+                return await self._settle(tx, request, message)
+
+    async def _settle(
+        self, tx: Tx, request: FinishStepInput, message: AssistantMessage
+    ) -> FinishStepResult:
+        turn = request.turn
+        if message.time_completed is not None and message.finish is not None:
+            # Already settled by an earlier attempt of this activity: settle once.
+            return FinishStepResult(
+                ended=message.error is None,
+                failure=message.error,
+                needs_continuation=bool(turn.calls) and message.error is None,
+            )
+        unsettled = [p for p in message.content if isinstance(p, ToolPart) and not p.settled]
+        events: list[ev.Event] = []
+        failure = turn.step_failure
+        if request.retry_at_ms is not None and turn.raw_error is not None:
+            events.append(
+                ev.RetryScheduled(
+                    session_id=message.session_id,
+                    assistant_message_id=message.id,
+                    attempt=request.retry_attempt or 2,
+                    at=request.retry_at_ms,
+                    error=turn.raw_error,
+                )
+            )
+            await self.store.events.publish_many(events, tx=tx)
+            return FinishStepResult(ended=False)
+        if request.interrupted:
+            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in unsettled]
+            failure = INTERRUPTED_STEP
+        elif request.infrastructure_error is not None:
+            failure = request.infrastructure_error
+            events += [_tool_failed(message, p, failure) for p in unsettled]
+        else:
+            failure = self._sweep(message, unsettled, turn, events, failure)
+        if failure is not None:
+            events.append(
+                ev.StepFailed(
+                    session_id=message.session_id,
+                    assistant_message_id=message.id,
+                    error=failure,
+                    cost=turn.cost if turn.finish else None,
+                    tokens=turn.tokens if turn.finish else None,
+                )
+            )
+        elif turn.finish is not None:
+            events.append(
+                ev.StepEnded(
+                    session_id=message.session_id,
+                    assistant_message_id=message.id,
+                    finish=turn.finish,
+                    cost=turn.cost,
+                    tokens=turn.tokens or Tokens(),
+                )
+            )
+        await self.store.events.publish_many(events, tx=tx)
+        needs = bool(turn.calls) and not turn.provider_failed and failure is None
+        return FinishStepResult(ended=failure is None, failure=failure, needs_continuation=needs)
+
+    @staticmethod
+    def _sweep(
+        message: AssistantMessage,
+        unsettled: list[ToolPart],
+        turn: Any,
+        events: list[ev.Event],
+        failure: SessionError | None,
+    ) -> SessionError | None:
+        local = [p for p in unsettled if not p.executed and p.state.status == "running"]
+        hosted = [p for p in unsettled if p.executed]
+        if turn.provider_failed:
+            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in local]
+            return failure
+        events += [_tool_failed(message, p, RESULT_MISSING) for p in hosted]
+        if turn.raw_error is not None:
+            return failure or turn.raw_error
+        if hosted and turn.finish is None:
+            return failure or RESULT_MISSING
+        return failure
+
+
+def _tool_failed(message: AssistantMessage, part: ToolPart, error: SessionError) -> ev.ToolFailed:
+    return ev.ToolFailed(
+        session_id=message.session_id,
+        assistant_message_id=message.id,
+        call_id=part.call_id,
+        error=error,
+        executed=part.executed,
+    )

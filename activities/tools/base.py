@@ -1,0 +1,84 @@
+"""The tool interface and registry used by the ``run_tool`` activity.
+
+A tool has a name, a description, a pydantic input model (its JSON schema is what the model sees),
+a ``retry_safe`` flag, and an async ``execute(input, context)``. Failures the model should read
+raise ``ToolFailure``; anything else is a defect that the model also reads as an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from activities.providers.base import ToolSpec
+from sessionflow.models.common import ContentPart, TextContent
+
+I = TypeVar("I", bound=BaseModel)
+
+
+class ToolFailure(Exception):
+    """A failure the model should read and react to (bad input, a denied path, ...)."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    session_id: str
+    workspace: Path
+    assistant_message_id: str
+    call_id: str
+    progress: Callable[[dict[str, Any], str], Awaitable[None]]
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.session_id}/{self.assistant_message_id}/{self.call_id}"
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    structured: dict[str, Any] = field(default_factory=dict)
+    content: tuple[ContentPart, ...] = ()
+    output_paths: tuple[str, ...] = ()
+
+    @classmethod
+    def text(cls, body: str, **structured: Any) -> ToolOutput:
+        return cls(structured=structured, content=(TextContent(text=body),))
+
+
+class Tool(Generic[I]):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    input_model: ClassVar[type[BaseModel]]
+    retry_safe: ClassVar[bool] = False
+
+    async def execute(self, input: I, context: ToolContext) -> ToolOutput:
+        raise ToolFailure(f"Tool {self.name} cannot run")
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_model.model_json_schema(),
+        )
+
+
+class ToolRegistry:
+    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool[Any]) -> None:
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def specs(self) -> list[ToolSpec]:
+        return [tool.spec() for tool in self._tools.values()]

@@ -1,0 +1,213 @@
+"""``stream_turn``: one provider request, streamed into the store as it arrives.
+
+Promotion happens first (a promoted steer resets the step allowance). Events are appended in
+short batches, so watchers see tokens live; a local ``tool.called`` is flushed at once and then
+signalled to the workflow (``tool_ready``), which starts the tool while the model still streams.
+The result is a small summary: never the transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from temporalio import activity
+
+from activities.history import (
+    DEFAULT_SYSTEM,
+    MAX_STEPS_PROMPT,
+    prompt_cache_key,
+    to_request_messages,
+)
+from activities.providers import base as p
+from activities.publisher import StreamProtocolError, TurnPublisher
+from activities.runtime import Runtime, heartbeating, to_claim, translated
+from sessionflow.models import events as ev
+from sessionflow.models.common import ModelRef, SessionError
+from sessionflow.models.drain import CallRef, ToolReady, TurnInput, TurnResult, workflow_id
+from store.claims import Claim
+from store.schema import session_table
+
+BATCH_SECONDS = 0.03
+DEFAULT_AGENT = "build"
+
+
+class TurnActivities:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    @activity.defn
+    async def stream_turn(self, request: TurnInput) -> TurnResult:
+        store = self.rt.store
+        claim = to_claim(request.claim)
+        async with translated(), heartbeating(store, request.claim):
+            step = request.step
+            if request.promotion is not None and await self._promote(claim, request):
+                step = 1
+            session = await store.sessions.get(claim.session_id)
+            if session.model is None:
+                raise ValueError(f"Session {session.id} has no model; select one first")
+            last_step = request.max_steps is not None and step >= request.max_steps
+            provider_request = await self._request(claim, session, session.model, last_step)
+            publisher = TurnPublisher(
+                session_id=claim.session_id,
+                assistant_message_id=request.assistant_message_id,
+                agent=session.agent or DEFAULT_AGENT,
+                model=session.model,
+                attempt=request.retry + 1,
+            )
+            if request.retry > 0:
+                publisher.start_assistant()  # a retry re-announces the same assistant message
+            stream = _Stream(self.rt, claim, request, publisher, last_step)
+            return await stream.run(provider_request, step)
+
+    async def _promote(self, claim: Claim, request: TurnInput) -> bool:
+        store = self.rt.store
+        async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
+            promoted = 0
+            if request.promotion == "queue":
+                promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
+            promoted += await store.inputs.promote_steers(tx, claim.session_id)
+        return promoted > 0
+
+    async def _request(
+        self, claim: Claim, session: Any, model: ModelRef, last_step: bool
+    ) -> p.ProviderRequest:
+        store = self.rt.store
+        messages = to_request_messages(await store.sessions.messages(claim.session_id), model)
+        if last_step:
+            messages.append(
+                p.RequestMessage(role="assistant", content=(p.TextPartIn(text=MAX_STEPS_PROMPT),))
+            )
+        system = session.settings.get("system") or DEFAULT_SYSTEM
+        async with store.claims.fenced(claim) as tx:
+            counted = await tx.conn.execute(
+                session_table.update()
+                .where(session_table.c.id == claim.session_id)
+                .values(request_count=session_table.c.request_count + 1)
+                .returning(session_table.c.request_count)
+            )
+            index = int(counted.scalar_one()) - 1
+        return p.ProviderRequest(
+            session_id=claim.session_id,
+            request_index=index,
+            model=model,
+            system=(system,),
+            messages=tuple(messages),
+            tools=() if last_step else tuple(self.rt.tools.specs()),
+            tool_choice="none" if last_step else None,
+            prompt_cache_key=prompt_cache_key(claim.session_id),
+        )
+
+
+class _Stream:
+    """One attempt's stream: publishing in batches, signalling local calls once durable."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        claim: Claim,
+        request: TurnInput,
+        publisher: TurnPublisher,
+        last_step: bool,
+    ) -> None:
+        self.rt, self.claim, self.request, self.publisher = rt, claim, request, publisher
+        self.last_step = last_step
+        self.last_flush = time.monotonic()
+        self.calls: list[CallRef] = []
+
+    async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
+        publisher = self.publisher
+        raw: p.ProviderError | None = None
+        try:
+            provider = self.rt.providers(provider_request.model)
+            async for event in provider.stream(provider_request):
+                ready = publisher.handle(event)
+                ready = [call for call in ready if self._available(call)]
+                if ready:
+                    await self.flush()
+                    await self._signal(ready)
+                elif time.monotonic() - self.last_flush >= BATCH_SECONDS:
+                    await self.flush()
+        except p.ProviderError as error:
+            raw = error
+        except StreamProtocolError as error:
+            publisher.fail_assistant(
+                SessionError(type="provider.invalid-output", message=str(error))
+            )
+        except asyncio.CancelledError:
+            publisher.flush()
+            await asyncio.shield(self.flush())
+            raise
+        return await self._summarize(raw, step)
+
+    def _available(self, call: CallRef) -> bool:
+        if not self.last_step:
+            self.calls.append(call)
+            return True
+        error = SessionError(
+            type="tool.execution", message=f"Tool is not available for this request: {call.name}"
+        )
+        self.publisher.queue.append(
+            ev.ToolFailed(
+                session_id=self.claim.session_id,
+                assistant_message_id=self.request.assistant_message_id,
+                call_id=call.call_id,
+                error=error,
+            )
+        )
+        return False
+
+    async def _summarize(self, raw: p.ProviderError | None, step: int) -> TurnResult:
+        publisher = self.publisher
+        retryable = False
+        if raw is not None:
+            retryable = raw.retryable and not publisher.retry_evidence
+            if retryable:
+                publisher.start_assistant()
+                publisher.flush()
+            else:
+                publisher.fail_assistant(raw.session_error())
+        else:
+            publisher.flush()
+        await self.flush()
+        return TurnResult(
+            assistant_message_id=self.request.assistant_message_id,
+            step=step,
+            started=publisher.step_started,
+            finish=publisher.finish,
+            tokens=publisher.tokens,
+            calls=tuple(self.calls),
+            step_failure=None if retryable else publisher.step_failure,
+            provider_failed=publisher.provider_failed,
+            raw_error=raw.session_error() if raw is not None else None,
+            retryable=retryable,
+            retry_after_ms=raw.retry_after_ms if raw is not None else None,
+            retry_evidence=publisher.retry_evidence,
+        )
+
+    async def flush(self) -> None:
+        events = self.publisher.take()
+        self.last_flush = time.monotonic()
+        if not events:
+            return
+        store = self.rt.store
+        async with store.claims.fenced(self.claim, step_attempt=self.request.attempt) as tx:
+            await store.events.publish_many(events, tx=tx)
+        activity.heartbeat()
+
+    async def _signal(self, calls: list[CallRef]) -> None:
+        info = activity.info()
+        handle = activity.client().get_workflow_handle(
+            workflow_id(self.claim.session_id), run_id=info.workflow_run_id
+        )
+        for call in calls:
+            await handle.signal(
+                "tool_ready",
+                ToolReady(
+                    assistant_message_id=self.request.assistant_message_id,
+                    call_id=call.call_id,
+                    name=call.name,
+                ),
+            )

@@ -1,0 +1,271 @@
+"""``SessionClient``: the SDK that users, the CLI and external checks use.
+
+Input is admitted durably in the store first, then the session's drain workflow is woken
+(signal-with-start), so a prompt survives workers that are down. Events are read and followed
+from the store, never from Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+
+from sessionflow.ids import validate_id
+from sessionflow.models.common import Delivery, ModelRef, Prompt
+from sessionflow.models.drain import (
+    TASK_QUEUE,
+    DrainInput,
+    DrainStatus,
+    InterruptRequest,
+    InterruptResult,
+    Outcome,
+    ResumeRequest,
+    WakeSignal,
+    workflow_id,
+)
+from sessionflow.models.messages import Message
+from sessionflow.settings import Settings
+from store import Store, open_store
+from store.events import StoredEvent
+from store.inputs import InputReceipt
+from store.sessions import SessionInfo
+
+SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword("SessionId")
+WORKFLOW_TYPE = "SessionWorkflow"
+
+
+@dataclass(frozen=True)
+class ClientEvent:
+    """A stored event as the SDK shows it: unversioned type, fields as a dict."""
+
+    seq: int
+    id: str
+    type: str
+    created: int
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, stored: StoredEvent) -> ClientEvent:
+        return cls(
+            seq=stored.seq,
+            id=stored.id,
+            type=stored.data.type,
+            created=stored.created,
+            data=stored.data.model_dump(mode="json"),
+        )
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    session_id: str
+    busy: bool
+    drain: DrainStatus | None
+    pending_inputs: int
+
+
+class SessionClient:
+    def __init__(self, client: Client, store: Store, *, task_queue: str = TASK_QUEUE) -> None:
+        self.temporal = client
+        self.store = store
+        self.task_queue = task_queue
+
+    @classmethod
+    async def connect(
+        cls,
+        *,
+        temporal_address: str = "127.0.0.1:7233",
+        database_url: str | None = None,
+        task_queue: str = TASK_QUEUE,
+        namespace: str = "default",
+        client: Client | None = None,
+        store: Store | None = None,
+    ) -> SessionClient:
+        if client is None:
+            client = await Client.connect(
+                temporal_address, namespace=namespace, data_converter=pydantic_data_converter
+            )
+        if store is None:
+            settings = Settings.from_env()
+            store = await open_store(database_url or settings.database_url, settings=settings)
+        return cls(client, store, task_queue=task_queue)
+
+    async def __aenter__(self) -> SessionClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        *,
+        workspace: str,
+        model: str | ModelRef,
+        max_active_tools: int = 8,
+        max_steps: int | None = None,
+        system: str | None = None,
+        title: str = "",
+        session_id: str | None = None,
+    ) -> str:
+        if max_active_tools < 1:
+            raise ValueError(f"max_active_tools must be at least 1, got {max_active_tools}")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        settings: dict[str, Any] = {"max_active_tools": max_active_tools}
+        if max_steps is not None:
+            settings["max_steps"] = max_steps
+        if system:
+            settings["system"] = system
+        info = await self.store.sessions.create(
+            workspace,
+            session_id=session_id,
+            title=title,
+            model=ModelRef.parse(model) if isinstance(model, str) else model,
+            settings=settings,
+        )
+        return info.id
+
+    async def session(self, session_id: str) -> SessionInfo:
+        return await self.store.sessions.get(session_id)
+
+    async def list_sessions(self, **filters: Any) -> list[SessionInfo]:
+        return await self.store.sessions.list(**filters)
+
+    async def messages(self, session_id: str) -> list[Message]:
+        return await self.store.sessions.messages(session_id)
+
+    # --- control --------------------------------------------------------------------------------
+
+    async def prompt(
+        self,
+        session_id: str,
+        text: str | Prompt,
+        *,
+        delivery: Delivery = "steer",
+        input_id: str | None = None,
+        wake: bool = True,
+    ) -> InputReceipt:
+        """Admit the prompt durably, then wake the session (unless ``wake=False``)."""
+        receipt = await self.store.inputs.admit(
+            session_id, text, input_id=input_id, delivery=delivery
+        )
+        if wake:
+            await self.wake(session_id, input_id=receipt.id)
+        return receipt
+
+    async def wake(self, session_id: str, *, input_id: str | None = None) -> None:
+        validate_id(session_id)
+        await self.temporal.start_workflow(
+            WORKFLOW_TYPE,
+            DrainInput(session_id=session_id),
+            id=workflow_id(session_id),
+            task_queue=self.task_queue,
+            start_signal="wake",
+            start_signal_args=[WakeSignal(input_id=input_id)],
+            search_attributes=_attributes(session_id),
+            static_summary=f"session {session_id}",
+        )
+
+    async def resume(self, session_id: str) -> Outcome:
+        """Run the session (force) or join its running busy period; returns its outcome."""
+        await self.store.sessions.get(session_id)
+        operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            WORKFLOW_TYPE,
+            DrainInput(session_id=session_id),
+            id=workflow_id(session_id),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=_attributes(session_id),
+            static_summary=f"session {session_id}",
+        )
+        return await self.temporal.execute_update_with_start_workflow(
+            "resume",
+            ResumeRequest(request_id=str(uuid.uuid4())),
+            start_workflow_operation=operation,
+            result_type=Outcome,
+        )
+
+    async def interrupt(
+        self, session_id: str, reason: str = "user", *, request_id: str | None = None
+    ) -> bool:
+        """Stop the running busy period; True when this request was the one accepted."""
+        request_id = request_id or f"interrupt-{uuid.uuid4()}"
+        handle = self._handle(session_id)
+        try:
+            result = await handle.execute_update(
+                "interrupt",
+                InterruptRequest(reason=reason, request_id=request_id),
+                id=request_id,
+                result_type=InterruptResult,
+            )
+        except RPCError:
+            return False  # no open run: nothing to interrupt
+        except Exception as error:
+            if "already completed" in str(error) or "not found" in str(error).lower():
+                return False
+            raise
+        return result.accepted
+
+    async def status(self, session_id: str) -> SessionStatus:
+        pending = len(await self.store.inputs.pending(session_id))
+        drain: DrainStatus | None = None
+        try:
+            description = await self._handle(session_id).describe()
+            if description.status is not None and description.status.name == "RUNNING":
+                drain = await self._handle(session_id).query("status", result_type=DrainStatus)
+        except RPCError:
+            drain = None
+        busy = drain is not None and drain.busy
+        return SessionStatus(session_id, busy, drain, pending)
+
+    async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:
+        """Wait until no busy period runs (never starts work)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await self.status(session_id)
+            if not status.busy and not (status.drain and status.drain.pending_wake):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Session {session_id} still busy after {timeout} s")
+            await asyncio.sleep(0.05)
+
+    # --- events ---------------------------------------------------------------------------------
+
+    async def events(
+        self, session_id: str, *, after: int = -1, follow: bool = False
+    ) -> AsyncIterator[ClientEvent]:
+        validate_id(session_id)
+        async for item in self.store.events.log(session_id, after=after, follow=follow):
+            if isinstance(item, StoredEvent):
+                yield ClientEvent.of(item)
+
+    def _handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
+        return self.temporal.get_workflow_handle(workflow_id(validate_id(session_id)))
+
+
+def _attributes(session_id: str) -> TypedSearchAttributes:
+    return TypedSearchAttributes([SearchAttributePair(SESSION_ID_ATTRIBUTE, session_id)])

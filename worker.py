@@ -1,0 +1,111 @@
+"""Build and run the sessionflow worker: ``python worker.py``.
+
+Environment: ``SESSIONFLOW_DATABASE_URL`` (default a SQLite file under ``./.sessionflow/``),
+``SESSIONFLOW_TEMPORAL_ADDRESS`` (default ``127.0.0.1:7233``), ``SESSIONFLOW_TASK_QUEUE``
+(default ``sessionflow``), ``SESSIONFLOW_NAMESPACE`` (default ``default``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.runtime import ProviderFactory, Runtime, default_providers
+from activities.session import SessionActivities
+from activities.tool_run import ToolActivities
+from activities.tools.base import ToolRegistry
+from activities.tools.testing import testing_registry
+from activities.turn import TurnActivities
+from sessionflow.models.drain import TASK_QUEUE
+from sessionflow.settings import Settings
+from store import Store, open_store
+from workflows.session import SessionWorkflow
+
+log = logging.getLogger("sessionflow.worker")
+
+
+def identity() -> str:
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+async def connect(address: str, namespace: str = "default") -> Client:
+    return await Client.connect(
+        address,
+        namespace=namespace,
+        data_converter=pydantic_data_converter,
+        identity=identity(),
+    )
+
+
+def activities_for(runtime: Runtime) -> Sequence[Any]:
+    session, turn, tools = (
+        SessionActivities(runtime),
+        TurnActivities(runtime),
+        ToolActivities(runtime),
+    )
+    return [
+        session.acquire_claim,
+        session.finish_execution,
+        session.prepare_drain,
+        session.pending_inputs,
+        session.finish_step,
+        turn.stream_turn,
+        tools.run_tool,
+    ]
+
+
+def build_worker(
+    client: Client,
+    store: Store,
+    *,
+    task_queue: str = TASK_QUEUE,
+    tools: ToolRegistry | None = None,
+    providers: ProviderFactory = default_providers,
+    graceful_shutdown: timedelta = timedelta(seconds=15),
+) -> Worker:
+    """The worker with the defaults of DESIGN "Worker defaults"."""
+    runtime = Runtime(store=store, tools=tools or testing_registry(), providers=providers)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[SessionWorkflow],
+        activities=activities_for(runtime),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=250),
+        default_heartbeat_throttle_interval=timedelta(milliseconds=250),
+        graceful_shutdown_timeout=graceful_shutdown,
+    )
+
+
+async def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = Settings.from_env()
+    address = os.environ.get("SESSIONFLOW_TEMPORAL_ADDRESS", "127.0.0.1:7233")
+    task_queue = os.environ.get("SESSIONFLOW_TASK_QUEUE", TASK_QUEUE)
+    namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")
+    store = await open_store(settings=settings)
+    client = await connect(address, namespace)
+    worker = build_worker(client, store, task_queue=task_queue)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("worker %s polling %s on %s", identity(), task_queue, address)
+    async with worker:
+        await stop.wait()
+        log.info("shutting down")
+    await store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

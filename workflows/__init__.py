@@ -1,0 +1,1 @@
+"""Deterministic orchestration only: the session drain and the recovery sweep."""

@@ -1,0 +1,474 @@
+"""The session drain: one entity workflow per session (id ``session-<session id>``).
+
+Busy periods follow the run coordinator of reference §3: a wake while idle starts a non-forced
+drain, wakes during a drain coalesce into one follow-up, ``resume`` forces a drain or joins the
+running one, an interrupt cancels the work, settles it durably and ends the busy period; wakes
+that arrive while it settles start a successor. Each busy period claims the session, publishes
+exactly one ``execution.started`` and one terminal event, and releases the claim.
+
+Payloads are ids, counts and short errors: the activities read and write the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from sessionflow.models.common import SessionError
+    from sessionflow.models.drain import (
+        AcquireInput,
+        CallRef,
+        ClaimRef,
+        DrainInput,
+        DrainStatus,
+        FinishExecutionInput,
+        FinishStepInput,
+        FinishStepResult,
+        InterruptRequest,
+        InterruptResult,
+        Outcome,
+        PendingInput,
+        PendingResult,
+        PrepareInput,
+        PrepareResult,
+        Promotion,
+        ResumeRequest,
+        RunningTool,
+        ToolInput,
+        ToolOutcome,
+        ToolReady,
+        TurnInput,
+        TurnResult,
+    )
+
+LINGER = timedelta(seconds=2)
+MAX_RETRIES = 4
+SHORT = {
+    "start_to_close_timeout": timedelta(seconds=60),
+    "retry_policy": RetryPolicy(
+        initial_interval=timedelta(milliseconds=200),
+        maximum_interval=timedelta(seconds=10),
+        maximum_attempts=20,
+        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
+    ),
+}
+CLAIM_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500),
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=[
+        "ClaimLostError",
+        "SessionNotFoundError",
+        "InvalidIdError",
+        "InvalidInputError",
+    ],
+)
+TURN = {
+    "start_to_close_timeout": timedelta(minutes=30),
+    "heartbeat_timeout": timedelta(seconds=5),
+    # The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
+    "retry_policy": RetryPolicy(maximum_attempts=1),
+    "cancellation_type": workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+}
+TOOL = {
+    "start_to_close_timeout": timedelta(hours=2),
+    "heartbeat_timeout": timedelta(seconds=5),
+    "retry_policy": RetryPolicy(
+        initial_interval=timedelta(milliseconds=200),
+        maximum_attempts=3,
+        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
+    ),
+    "cancellation_type": workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+}
+
+
+class Interrupted(Exception):
+    """The busy period was interrupted; its step has been settled."""
+
+
+class DrainFailure(Exception):
+    def __init__(self, error: SessionError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@workflow.defn
+class SessionWorkflow:
+    @workflow.init
+    def __init__(self, input: DrainInput) -> None:
+        self.session_id = input.session_id
+        self.pending_wake = input.pending_wake
+        self.force_requested = input.force
+        self.period = input.period
+        self.turns = input.turns
+        self.busy = False
+        self.stopping = False
+        self.settling = False
+        self.interrupt_reason: str | None = None
+        self.outcomes: dict[int, Outcome] = {}
+        self.drain_task: asyncio.Task[None] | None = None
+        self.claim: ClaimRef | None = None
+        self.phase = "idle"
+        self.step = 0
+        self.attempts = 0
+        self.semaphore = asyncio.Semaphore(8)
+        self.current_assistant: str | None = None
+        self.tool_tasks: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
+        self.running: dict[str, RunningTool] = {}
+
+    # --- handlers -------------------------------------------------------------------------------
+
+    @workflow.signal
+    def wake(self, _signal: Any = None) -> None:
+        self.pending_wake = True
+
+    @workflow.update
+    async def resume(self, _request: ResumeRequest | None = None) -> Outcome:
+        if self.busy and not self.stopping:
+            target = self.period
+        else:
+            self.force_requested = True
+            target = self.period + 1
+        await workflow.wait_condition(lambda: target in self.outcomes)
+        return self.outcomes[target]
+
+    @workflow.signal(name="interrupt")
+    def interrupt_signal(self, request: InterruptRequest | None = None) -> None:
+        self._interrupt(request or InterruptRequest())
+
+    @workflow.update(name="interrupt")
+    def interrupt_update(self, request: InterruptRequest | None = None) -> InterruptResult:
+        return InterruptResult(accepted=self._interrupt(request or InterruptRequest()))
+
+    @workflow.signal
+    def tool_ready(self, ready: ToolReady) -> None:
+        if self.claim is not None and ready.assistant_message_id == self.current_assistant:
+            self._start_tool(self.claim, ready.assistant_message_id, ready.call_id, ready.name)
+
+    @workflow.query
+    def status(self) -> DrainStatus:
+        return DrainStatus(
+            busy=self.busy,
+            stopping=self.stopping,
+            phase=self.phase,
+            step=self.step,
+            turns=self.turns,
+            execution_id=self.claim.execution_id if self.claim else None,
+            running_tools=tuple(self.running.values()),
+            pending_wake=self.pending_wake,
+        )
+
+    def _interrupt(self, request: InterruptRequest) -> bool:
+        if not self.busy or self.stopping:
+            return False
+        self.pending_wake = False  # wakes rung before the interrupt belong to its intent
+        if self.settling:
+            return False
+        self.stopping = True
+        self.interrupt_reason = request.reason
+        if self.drain_task is not None:
+            self.drain_task.cancel()
+        return True
+
+    # --- main loop ------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, input: DrainInput) -> None:
+        while True:
+            if not (self.pending_wake or self.force_requested):
+                try:
+                    await workflow.wait_condition(
+                        lambda: self.pending_wake or self.force_requested, timeout=LINGER
+                    )
+                except TimeoutError:
+                    break
+            await self._busy_period()
+            if workflow.info().is_continue_as_new_suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._carry())
+        await workflow.wait_condition(workflow.all_handlers_finished)
+
+    def _carry(self) -> DrainInput:
+        return DrainInput(
+            session_id=self.session_id,
+            pending_wake=self.pending_wake,
+            force=self.force_requested,
+            period=self.period,
+            turns=self.turns,
+        )
+
+    async def _busy_period(self) -> None:
+        self.period += 1
+        period = self.period
+        self.busy, self.stopping, self.interrupt_reason = True, False, None
+        force, self.force_requested, self.pending_wake = self.force_requested, False, False
+        outcome = Outcome(type="succeeded")
+        try:
+            claim = await self._acquire(period)
+            self.claim = claim
+            self.drain_task = asyncio.create_task(self._drains(claim, force))
+            await self.drain_task
+        except (Interrupted, asyncio.CancelledError):
+            outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
+        except DrainFailure as failure:
+            outcome = Outcome(type="failed", error=failure.error)
+        except ActivityError as error:
+            outcome = Outcome(type="failed", error=_activity_error(error))
+        self.settling = True
+        self.phase = "settling"
+        if self.claim is not None:
+            outcome = Outcome(**{**outcome.model_dump(), "execution_id": self.claim.execution_id})
+            await self._finish_execution(self.claim, outcome)
+        self.outcomes[period] = outcome
+        for old in [p for p in self.outcomes if p < period - 20]:
+            del self.outcomes[old]
+        self.busy = self.stopping = self.settling = False
+        self.claim, self.drain_task, self.phase = None, None, "idle"
+
+    async def _acquire(self, period: int) -> ClaimRef:
+        info = workflow.info()
+        execution_id = f"{info.run_id}_{period}"
+        self.phase = "claiming"
+        return await workflow.execute_activity(
+            "acquire_claim",
+            AcquireInput(
+                session_id=self.session_id,
+                execution_id=execution_id,
+                owner_id=f"{info.workflow_id}/{execution_id}",
+            ),
+            result_type=ClaimRef,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=CLAIM_RETRY,
+            summary="claim session",
+        )
+
+    async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:
+        try:
+            await workflow.execute_activity(
+                "finish_execution",
+                FinishExecutionInput(claim=claim, outcome=outcome),
+                summary=f"execution {outcome.type}",
+                **SHORT,  # type: ignore[arg-type]
+            )
+        except ActivityError as error:
+            # The claim was lost to another execution: it owns the session and its terminal.
+            workflow.logger.warning("Busy period ended without its terminal event: %s", error)
+
+    # --- the drain (reference §4.3) -------------------------------------------------------------
+
+    async def _drains(self, claim: ClaimRef, force: bool) -> None:
+        await self._drain(claim, force)
+        while self.pending_wake and not self.stopping:
+            self.pending_wake = False
+            await self._drain(claim, False)
+
+    async def _drain(self, claim: ClaimRef, force: bool) -> None:
+        self.phase = "preparing"
+        prep: PrepareResult = await workflow.execute_activity(
+            "prepare_drain",
+            PrepareInput(claim=claim, force=force),
+            result_type=PrepareResult,
+            summary="prepare drain",
+            **SHORT,  # type: ignore[arg-type]
+        )
+        if prep.failure is not None:
+            raise DrainFailure(prep.failure)
+        if not prep.run:
+            return
+        self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
+        promotion: Promotion = prep.promotion
+        while True:
+            needs, step = True, 1
+            while needs:
+                needs, step = await self._run_step(claim, promotion, step, prep.max_steps)
+                step += 1
+                promotion = "steer"
+                if not needs:
+                    needs = (await self._pending(claim)).steer
+            pending = await self._pending(claim)
+            if not (pending.steer or pending.queue):
+                return
+            promotion = "steer" if pending.steer else "queue"
+
+    async def _pending(self, claim: ClaimRef) -> PendingResult:
+        return await workflow.execute_activity(
+            "pending_inputs",
+            PendingInput(claim=claim),
+            result_type=PendingResult,
+            summary="check inputs",
+            **SHORT,  # type: ignore[arg-type]
+        )
+
+    async def _run_step(
+        self, claim: ClaimRef, promotion: Promotion, step: int, max_steps: int | None
+    ) -> tuple[bool, int]:
+        """One logical step: provider attempts with retries, tools, one settlement."""
+        assistant_id = f"msg_{workflow.uuid4().hex}"
+        retry = 0
+        while True:
+            self.attempts += 1
+            self.step, self.current_assistant, self.phase = step, assistant_id, "streaming"
+            turn = TurnResult(assistant_message_id=assistant_id, step=step)
+            try:
+                turn = await self._stream(claim, assistant_id, step, promotion, max_steps, retry)
+                step, promotion = turn.step, None
+                outcomes = await self._settle_tools(claim, assistant_id, turn.calls)
+            except asyncio.CancelledError:
+                await self._abort_step(claim, turn)
+                raise Interrupted() from None
+            self.turns += 1
+            infrastructure = next((o.error for o in outcomes if o.status == "infrastructure"), None)
+            allowed = max_steps is None or step < max_steps
+            if turn.retryable and retry < MAX_RETRIES and allowed and infrastructure is None:
+                await self._schedule_retry(claim, turn, retry)
+                retry, step = retry + 1, step + 1
+                continue
+            result = await self._finish_step(claim, turn, infrastructure=infrastructure)
+            if result.failure is not None:
+                raise DrainFailure(result.failure)
+            return result.needs_continuation, step
+
+    async def _stream(
+        self,
+        claim: ClaimRef,
+        assistant_id: str,
+        step: int,
+        promotion: Promotion,
+        max_steps: int | None,
+        retry: int,
+    ) -> TurnResult:
+        try:
+            return await workflow.execute_activity(
+                "stream_turn",
+                TurnInput(
+                    claim=claim,
+                    assistant_message_id=assistant_id,
+                    step=step,
+                    attempt=self.attempts,
+                    promotion=promotion,
+                    max_steps=max_steps,
+                    retry=retry,
+                ),
+                result_type=TurnResult,
+                summary=f"turn {self.turns + 1} · step {step}",
+                **TURN,  # type: ignore[arg-type]
+            )
+        except ActivityError as error:
+            if isinstance(error.cause, CancelledError):
+                raise asyncio.CancelledError() from error
+            # The turn's worker died or the activity failed: output may already be durable,
+            # so this is never retried automatically (reference §4.6 "retry evidence").
+            return TurnResult(
+                assistant_message_id=assistant_id,
+                step=step,
+                raw_error=_activity_error(error),
+                retry_evidence=True,
+            )
+
+    async def _settle_tools(
+        self, claim: ClaimRef, assistant_id: str, calls: tuple[CallRef, ...]
+    ) -> list[ToolOutcome]:
+        """Start any call whose signal was lost, then wait for every tool of the step."""
+        for call in calls:
+            self._start_tool(claim, assistant_id, call.call_id, call.name)
+        self.phase = "tools" if self.tool_tasks else self.phase
+        tasks = list(self.tool_tasks.values())
+        outcomes = list(await asyncio.gather(*tasks)) if tasks else []
+        self.tool_tasks = {}
+        return outcomes
+
+    def _start_tool(self, claim: ClaimRef, assistant_id: str, call_id: str, name: str) -> None:
+        key = (assistant_id, call_id)
+        if key in self.tool_tasks or self.stopping:
+            return
+        self.tool_tasks[key] = asyncio.create_task(
+            self._run_tool(
+                ToolInput(
+                    claim=claim, assistant_message_id=assistant_id, call_id=call_id, name=name
+                )
+            )
+        )
+
+    async def _run_tool(self, request: ToolInput) -> ToolOutcome:
+        async with self.semaphore:
+            self.running[request.call_id] = RunningTool(
+                call_id=request.call_id, name=request.name, started_at=workflow.now().isoformat()
+            )
+            try:
+                return await workflow.execute_activity(
+                    "run_tool",
+                    request,
+                    result_type=ToolOutcome,
+                    summary=f"{request.name} {request.call_id}",
+                    **TOOL,  # type: ignore[arg-type]
+                )
+            except ActivityError as error:
+                if isinstance(error.cause, CancelledError):
+                    raise asyncio.CancelledError() from error
+                return ToolOutcome(
+                    call_id=request.call_id, status="infrastructure", error=_activity_error(error)
+                )
+            finally:
+                self.running.pop(request.call_id, None)
+
+    async def _abort_step(self, claim: ClaimRef, turn: TurnResult) -> None:
+        """Interrupted: stop the tools, then settle the step durably (one ``step.failed``)."""
+        self.phase = "interrupting"
+        for task in self.tool_tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tool_tasks.values(), return_exceptions=True)
+        self.tool_tasks = {}
+        await self._finish_step(claim, turn, interrupted=True)
+
+    async def _schedule_retry(self, claim: ClaimRef, turn: TurnResult, retry: int) -> None:
+        delay_ms = max(2000 * 2**retry, turn.retry_after_ms or 0)
+        at_ms = int(workflow.now().timestamp() * 1000) + delay_ms
+        await workflow.execute_activity(
+            "finish_step",
+            FinishStepInput(
+                claim=claim,
+                attempt=self.attempts,
+                turn=turn,
+                retry_at_ms=at_ms,
+                retry_attempt=retry + 2,
+            ),
+            result_type=FinishStepResult,
+            summary="schedule retry",
+            **SHORT,  # type: ignore[arg-type]
+        )
+        self.phase = "retrying"
+        await workflow.sleep(timedelta(milliseconds=delay_ms))
+
+    async def _finish_step(
+        self,
+        claim: ClaimRef,
+        turn: TurnResult,
+        *,
+        interrupted: bool = False,
+        infrastructure: SessionError | None = None,
+    ) -> FinishStepResult:
+        self.phase = "settling step"
+        return await workflow.execute_activity(
+            "finish_step",
+            FinishStepInput(
+                claim=claim,
+                attempt=self.attempts,
+                turn=turn,
+                interrupted=interrupted,
+                infrastructure_error=infrastructure,
+            ),
+            result_type=FinishStepResult,
+            summary="settle step",
+            **SHORT,  # type: ignore[arg-type]
+        )
+
+
+def _activity_error(error: ActivityError) -> SessionError:
+    cause = error.cause
+    message = str(cause) if cause is not None else str(error)
+    return SessionError(type="unknown", message=message[:1000] or "Activity failed")
