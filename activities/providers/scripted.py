@@ -62,6 +62,7 @@ class ScriptedStep(_Strict):
     provider_error: str | None = None
     finish: ScriptedFinish | None = None
     event: dict[str, Any] | None = None
+    eof: bool | None = None
 
     @model_validator(mode="after")
     def _one_action(self) -> ScriptedStep:
@@ -78,13 +79,14 @@ class ScriptedStep(_Strict):
                 "provider_error",
                 "finish",
                 "event",
+                "eof",
             )
             if getattr(self, name) is not None
         ]
         if len(actions) != 1:
             raise ValueError(
                 "each scripted event needs exactly one of text, reasoning, tool_call, "
-                f"hosted_tool, wait_ms, wait_for_file, error, provider_error, finish, event; "
+                f"hosted_tool, wait_ms, wait_for_file, error, provider_error, finish, event, eof; "
                 f"got {actions or 'none'}"
             )
         return self
@@ -135,6 +137,8 @@ class ScriptedProvider:
         called_local = False
         finished = False
         for number, step in enumerate(script.turns[index].events):
+            if step.eof:
+                return  # the stream ends here, without a finish event
             async for event in _play(step, f"{index}-{number}"):
                 called_local |= isinstance(event, p.ToolCall) and not event.provider_executed
                 finished |= isinstance(event, p.StepFinish)

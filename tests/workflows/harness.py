@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from temporalio.worker import Worker
 
 from sessionflow.client import ClientEvent, SessionClient
 from store import Store
+from tests.workflows.tools import Gate, registry
 from worker import build_worker
 
 
@@ -24,6 +26,29 @@ class Harness:
         self.root = root
         self.workspace = root / "workspace"
         self.workspace.mkdir(exist_ok=True)
+        self.gate = Gate()
+
+    def gate_file(self, name: str) -> str:
+        return str(self.root / f"{name}.gate")
+
+    def open_gate(self, name: str) -> None:
+        (self.root / f"{name}.gate").touch()
+
+    async def until(self, predicate: Any, timeout: float = 20.0) -> None:
+        """Poll an async or sync predicate until it holds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"condition not met within {timeout} s")
+            await asyncio.sleep(0.02)
+
+    async def messages(self, session_id: str) -> list[Any]:
+        return await self.client.messages(session_id)
 
     def script(self, *turns: list[dict[str, Any]], name: str = "model.json") -> str:
         path = self.root / name
@@ -41,23 +66,30 @@ class Harness:
 
     async def session(self, *turns: list[dict[str, Any]], **options: Any) -> str:
         model = self.script(*turns)
-        return await self.client.create_session(workspace=str(self.workspace), model=model, **options)
+        return await self.client.create_session(
+            workspace=str(self.workspace), model=model, **options
+        )
 
     async def events(self, session_id: str) -> list[ClientEvent]:
         return [event async for event in self.client.events(session_id)]
 
     async def types(self, session_id: str, *, deltas: bool = False) -> list[str]:
         return [
-            e.type
-            for e in await self.events(session_id)
-            if deltas or not e.type.endswith(".delta")
+            e.type for e in await self.events(session_id) if deltas or not e.type.endswith(".delta")
         ]
 
 
 @asynccontextmanager
-async def harness(temporal: Client, store: Store, root: Path, **worker_options: Any) -> AsyncIterator[Harness]:
+async def harness(
+    temporal: Client, store: Store, root: Path, **worker_options: Any
+) -> AsyncIterator[Harness]:
     task_queue = f"tq-{uuid.uuid4()}"
-    worker: Worker = build_worker(temporal, store, task_queue=task_queue, **worker_options)
+    gate = Gate()
+    worker: Worker = build_worker(
+        temporal, store, task_queue=task_queue, tools=registry(gate), **worker_options
+    )
     client = SessionClient(temporal, store, task_queue=task_queue)
     async with worker:
-        yield Harness(client, store, root)
+        running = Harness(client, store, root)
+        running.gate = gate
+        yield running

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from tests.workflows.harness import Harness, harness
 
 
 @pytest.fixture
-async def h(temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path) -> AsyncIterator[Harness]:
+async def h(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> AsyncIterator[Harness]:
     async with harness(temporal_env.client, store, tmp_path) as running:
         yield running
 
@@ -34,3 +37,418 @@ async def test_a_prompt_runs_one_plain_text_turn(h: Harness) -> None:
         "session.execution.succeeded",
     ]
     assert len(h.requests()) == 1
+
+
+def call(call_id: str, name: str = "echo", **tool_input: object) -> dict[str, object]:
+    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
+
+
+def assistant_events(events: list, assistant_id: str) -> list[str]:
+    return [
+        e.type
+        for e in events
+        if e.data.get("assistant_message_id") == assistant_id
+        and not e.type.endswith(".delta")
+        and not e.type.startswith("session.text")
+        and not e.type.startswith("session.tool.input")
+    ]
+
+
+async def run(h: Harness, sid: str, text: str = "Go") -> None:
+    await h.client.prompt(sid, text)
+    await h.client.wait_idle(sid, timeout=30)
+
+
+async def test_continues_after_durably_settling_one_local_tool(h: Harness) -> None:
+    sid = await h.session([call("call_1", text="hi")], [{"text": "Done"}])
+    await run(h, sid)
+    requests = h.requests()
+    assert len(requests) == 2
+    assert h.roles(requests[1]) == ["user", "assistant", "tool"]
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant_events(await h.events(sid), assistant.id) == [
+        "session.step.started",
+        "session.tool.called",
+        "session.tool.success",
+        "session.step.ended",
+    ]
+    assert assistant.finish == "tool-calls"
+    tool = assistant.content[-1]
+    assert tool.state.status == "completed" and tool.state.structured == {"text": "hi"}
+
+
+@pytest.mark.parametrize("cap", [8, 2])
+async def test_tools_start_eagerly_while_the_model_streams_up_to_the_cap(
+    h: Harness, cap: int
+) -> None:
+    tools, provider = h.gate_file("tools"), h.gate_file("provider")
+    sid = await h.session(
+        [
+            *[call(f"call_{i}", "gate", text=str(i), gate=tools) for i in range(5)],
+            {"wait_for_file": provider},
+            {"finish": {"reason": "tool-calls"}},
+        ],
+        [{"text": "All done"}],
+        max_active_tools=cap,
+    )
+    await h.client.prompt(sid, "Go")
+    expected = min(5, cap)
+    await h.until(lambda: h.gate.active == expected)
+    assert len(h.requests()) == 1  # the provider is still streaming
+    h.open_gate("provider")
+    await h.until(lambda: h.gate.active == expected and len(h.requests()) == 1)
+    await asyncio.sleep(0.3)
+    assert len(h.requests()) == 1  # the stream ended, but tools have not settled
+    h.open_gate("tools")
+    await h.client.wait_idle(sid, timeout=30)
+    assert h.gate.peak == expected
+    assert sorted(h.gate.started) == ["0", "1", "2", "3", "4"]
+    assert len(h.requests()) == 2
+
+
+async def test_repeated_call_ids_settle_against_their_own_message(h: Harness) -> None:
+    sid = await h.session(
+        [call("tool_0", text="first")], [call("tool_0", text="second")], [{"text": "ok"}]
+    )
+    await run(h, sid)
+    assistants = [m for m in await h.messages(sid) if m.type == "assistant"]
+    assert len(h.requests()) == 3
+    assert [a.tool("tool_0").state.structured["text"] for a in assistants[:2]] == [
+        "first",
+        "second",
+    ]
+
+
+async def test_unknown_tools_fail_for_the_model_and_the_turn_continues(h: Harness) -> None:
+    sid = await h.session([call("call_1", "missing")], [{"text": "Recovered"}])
+    await run(h, sid)
+    first = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert first.tool("call_1").state.error.message == "Unknown tool: missing"
+    assert len(h.requests()) == 2
+
+
+async def test_tool_defects_are_returned_to_the_model(h: Harness) -> None:
+    sid = await h.session([call("call_1", "defect")], [{"text": "ok"}])
+    await run(h, sid)
+    first = next(m for m in await h.messages(sid) if m.type == "assistant")
+    error = first.tool("call_1").state.error
+    assert (error.type, error.message) == ("unknown", "unexpected tool defect")
+    assert assistant_events(await h.events(sid), first.id) == [
+        "session.step.started",
+        "session.tool.called",
+        "session.tool.failed",
+        "session.step.ended",
+    ]
+
+
+async def test_a_raw_provider_failure_waits_for_started_tools(h: Harness) -> None:
+    sid = await h.session(
+        [call("call_1", text="x"), {"error": {"kind": "invalid_request", "message": "Bad"}}]
+    )
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    assert outcome.type == "failed" and outcome.error.message == "Bad"
+    first = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant_events(await h.events(sid), first.id) == [
+        "session.step.started",
+        "session.tool.called",
+        "session.tool.success",
+        "session.step.failed",
+    ]
+    assert len(h.requests()) == 1
+
+
+async def test_provider_errors_fail_the_step_visibly(h: Harness) -> None:
+    sid = await h.session([{"text": "partial"}, {"provider_error": "Provider unavailable"}])
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    assert outcome.type == "failed"
+    assert (outcome.error.type, outcome.error.message) == (
+        "provider.unknown",
+        "Provider unavailable",
+    )
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant.finish == "error" and assistant.content[0].text == "partial"
+
+
+async def test_content_filter_fails_the_step_and_keeps_partial_text(h: Harness) -> None:
+    sid = await h.session([{"text": "half an ans"}, {"finish": {"reason": "content-filter"}}])
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    assert outcome.error.message == "Provider blocked the response"
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant.error.type == "provider.content-filter"
+    assert assistant.content[0].text == "half an ans"
+    assert "session.step.ended" not in await h.types(sid)
+
+
+async def test_a_stream_protocol_violation_fails_the_drain_with_its_text(h: Harness) -> None:
+    sid = await h.session(
+        [
+            {"event": {"kind": "text-start", "id": "text-1"}},
+            {"event": {"kind": "text-start", "id": "text-2"}},
+        ]
+    )
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    assert outcome.type == "failed"
+    assert outcome.error.message == "text start before end: text-2"
+
+
+async def test_transport_failures_before_output_retry_with_the_same_message(h: Harness) -> None:
+    sid = await h.session(
+        [{"error": {"kind": "transport", "message": "Disconnected"}}], [{"text": "Recovered"}]
+    )
+    await run(h, sid)
+    types = await h.types(sid)
+    assert types.count("session.retry.scheduled") == 1
+    assert types.count("session.step.started") == 2
+    assistants = [m for m in await h.messages(sid) if m.type == "assistant"]
+    assert len(assistants) == 1 and assistants[0].finish == "stop"
+    assert assistants[0].content[0].text == "Recovered"
+    retry = next(e for e in await h.events(sid) if e.type == "session.retry.scheduled")
+    assert retry.data["attempt"] == 2 and retry.data["error"]["type"] == "provider.transport"
+
+
+async def test_non_retryable_failures_are_not_retried(h: Harness) -> None:
+    sid = await h.session([{"error": {"kind": "invalid_request", "message": "Invalid request"}}])
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    assert outcome.error.type == "provider.invalid-request"
+    assert "session.retry.scheduled" not in await h.types(sid)
+    assert len(h.requests()) == 1
+
+
+async def test_hosted_tools_without_a_result_fail_the_step(h: Harness) -> None:
+    sid = await h.session(
+        [
+            {
+                "event": {
+                    "kind": "tool-call",
+                    "call_id": "ws_1",
+                    "name": "web_search",
+                    "input": {"query": "x"},
+                    "provider_executed": True,
+                }
+            },
+            {"eof": True},
+        ],
+    )
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    assert outcome.error.message == "Provider did not return a tool result"
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant.error.type == "tool.result-missing"
+    assert assistant_events(await h.events(sid), assistant.id) == [
+        "session.step.started",
+        "session.tool.called",
+        "session.tool.failed",
+        "session.step.failed",
+    ]
+
+
+async def test_an_unresolved_hosted_tool_still_allows_one_clean_step_end(h: Harness) -> None:
+    sid = await h.session(
+        [
+            {
+                "event": {
+                    "kind": "tool-call",
+                    "call_id": "ws_1",
+                    "name": "web_search",
+                    "input": {"query": "x"},
+                    "provider_executed": True,
+                }
+            },
+            {"finish": {"reason": "stop"}},
+        ],
+    )
+    await h.client.prompt(sid, "Go", wake=False)
+    assert (await h.client.resume(sid)).type == "succeeded"
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant.tool("ws_1").state.error.type == "tool.result-missing"
+    assert assistant_events(await h.events(sid), assistant.id)[-2:] == [
+        "session.tool.failed",
+        "session.step.ended",
+    ]
+
+
+async def test_hosted_tool_results_replay_inline(h: Harness) -> None:
+    sid = await h.session(
+        [
+            {
+                "hosted_tool": {
+                    "id": "ws_1",
+                    "name": "web_search",
+                    "input": {"query": "x"},
+                    "result": {"hits": 1},
+                    "metadata": {"itemId": "ws_1"},
+                }
+            },
+            {"finish": {"reason": "stop"}},
+        ],
+        [{"text": "next"}],
+    )
+    await run(h, sid)
+    await h.client.prompt(sid, "Again")
+    await h.client.wait_idle(sid)
+    second = h.requests()[1]
+    assert h.roles(second) == ["user", "assistant", "user"]
+    parts = second["messages"][1]["content"]
+    assert [part["type"] for part in parts] == ["tool-call", "tool-result"]
+    assert parts[1]["output"] == {"hits": 1}
+    assert parts[0]["provider_metadata"] == {"scripted": {"itemId": "ws_1"}}
+
+
+async def test_the_last_step_disables_tools(h: Harness) -> None:
+    sid = await h.session(
+        [call("call_1", text="done")],
+        [call("call_2", text="forbidden"), {"text": "summary"}],
+        max_steps=2,
+    )
+    await run(h, sid)
+    first, second = h.requests()
+    assert first["tool_choice"] is None and first["tools"]
+    assert second["tool_choice"] == "none" and second["tools"] == []
+    assert "MAXIMUM STEPS REACHED" in second["messages"][-1]["content"][0]["text"]
+    last = [m for m in await h.messages(sid) if m.type == "assistant"][-1]
+    assert last.tool("call_2").state.status == "error"
+    assert len(h.requests()) == 2
+
+
+async def test_steering_prompts_join_the_active_turn(h: Harness) -> None:
+    gate = h.gate_file("provider")
+    sid = await h.session([{"wait_for_file": gate}, {"text": "working"}], [{"text": "changed"}])
+    await h.client.prompt(sid, "Start working")
+    await h.until(lambda: len(h.requests()) == 1)
+    await h.client.prompt(sid, "Change direction")
+    h.open_gate("provider")
+    await h.client.wait_idle(sid, timeout=30)
+    requests = h.requests()
+    assert len(requests) == 2
+    texts = [m["content"][0]["text"] for m in requests[1]["messages"] if m["role"] == "user"]
+    assert texts == ["Start working", "Change direction"]
+
+
+async def test_queued_prompts_run_one_at_a_time_in_order(h: Harness) -> None:
+    gate = h.gate_file("provider")
+    sid = await h.session(
+        [{"wait_for_file": gate}, {"text": "one"}], [{"text": "two"}], [{"text": "three"}]
+    )
+    await h.client.prompt(sid, "First")
+    await h.until(lambda: len(h.requests()) == 1)
+    await h.client.prompt(sid, "Second", delivery="queue")
+    await h.client.prompt(sid, "Third", delivery="queue")
+    h.open_gate("provider")
+    await h.client.wait_idle(sid, timeout=30)
+    users = [
+        [m["content"][0]["text"] for m in r["messages"] if m["role"] == "user"]
+        for r in h.requests()
+    ]
+    assert users == [["First"], ["First", "Second"], ["First", "Second", "Third"]]
+
+
+async def test_interrupting_a_tool_settles_the_step_durably(h: Harness) -> None:
+    sid = await h.session([call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "x"}])
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    assert await h.client.interrupt(sid) is True
+    await h.client.wait_idle(sid, timeout=30)
+    assert await h.client.interrupt(sid) is False
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    tool = assistant.tool("call_1")
+    assert (tool.state.error.type, tool.state.error.message) == (
+        "aborted",
+        "Tool execution interrupted",
+    )
+    assert assistant.error.message == "Step interrupted"
+    types = await h.types(sid)
+    assert types.count("session.step.failed") == 1 and "session.step.ended" not in types
+    assert types[-1] == "session.execution.interrupted"
+    assert h.gate.active == 0
+
+
+async def test_interrupting_a_streaming_turn_keeps_partial_text_and_pending_input(
+    h: Harness,
+) -> None:
+    sid = await h.session(
+        [{"text": "partial answer"}, {"wait_for_file": h.gate_file("never")}],
+        [{"text": "resumed"}],
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: len(h.requests()) == 1)
+    await asyncio.sleep(0.2)
+    await h.client.prompt(sid, "Later", delivery="queue")
+    assert await h.client.interrupt(sid)
+    await h.client.wait_idle(sid, timeout=30)
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant.content[0].text == "partial answer"
+    assert (assistant.finish, assistant.error.message) == ("error", "Step interrupted")
+    assert [i.prompt.text for i in await h.store.inputs.pending(sid)] == ["Later"]
+    assert len(h.requests()) == 1
+    outcome = await h.client.resume(sid)
+    assert outcome.type == "succeeded"
+    users = [m["content"][0]["text"] for m in h.requests()[1]["messages"] if m["role"] == "user"]
+    assert users == ["Go", "Later"]
+
+
+async def test_interrupt_while_idle_does_nothing(h: Harness) -> None:
+    sid = await h.session([{"text": "x"}])
+    assert await h.client.interrupt(sid) is False
+    await run(h, sid)
+    assert await h.client.interrupt(sid) is False
+    assert (await h.types(sid)).count("session.execution.interrupted") == 0
+
+
+async def test_concurrent_resumes_join_one_provider_run(h: Harness) -> None:
+    sid = await h.session([{"wait_ms": 300}, {"text": "once"}])
+    await h.client.prompt(sid, "Go", wake=False)
+    first, second = await asyncio.gather(h.client.resume(sid), h.client.resume(sid))
+    assert first.type == second.type == "succeeded"
+    assert first.execution_id == second.execution_id
+    assert len(h.requests()) == 1
+
+
+async def test_a_wake_with_nothing_pending_makes_no_request(h: Harness) -> None:
+    sid = await h.session([{"text": "x"}])
+    await h.client.wake(sid)
+    await asyncio.sleep(0.5)
+    await h.client.wait_idle(sid)
+    assert h.requests() == []
+    types = await h.types(sid)
+    assert types.count("session.execution.started") == types.count("session.execution.succeeded")
+
+
+async def test_wakes_during_a_drain_coalesce_into_one_busy_period(h: Harness) -> None:
+    gate = h.gate_file("provider")
+    sid = await h.session(
+        [{"wait_for_file": gate}, {"text": "a"}], [{"text": "b"}], [{"text": "c"}], [{"text": "d"}]
+    )
+    await h.client.prompt(sid, "One")
+    await h.until(lambda: len(h.requests()) == 1)
+    for _ in range(3):
+        await h.client.prompt(sid, "More", delivery="queue")
+        await h.client.wake(sid)
+    h.open_gate("provider")
+    await h.client.wait_idle(sid, timeout=30)
+    types = await h.types(sid)
+    assert types.count("session.execution.started") == 1
+    assert types.count("session.execution.succeeded") == 1
+    assert len(h.requests()) == 4
+
+
+async def test_a_wake_racing_a_failure_starts_exactly_one_successor(h: Harness) -> None:
+    gate = h.gate_file("provider")
+    sid = await h.session(
+        [{"wait_for_file": gate}, {"error": {"kind": "auth", "message": "Bad key"}}],
+        [{"text": "second period"}],
+    )
+    await h.client.prompt(sid, "One")
+    await h.until(lambda: len(h.requests()) == 1)
+    await h.client.prompt(sid, "Two", delivery="queue")
+    h.open_gate("provider")
+    await h.until(lambda: len(h.requests()) == 2)
+    await h.client.wait_idle(sid, timeout=30)
+    types = await h.types(sid)
+    assert types.count("session.execution.started") == 2
+    assert types.count("session.execution.failed") == 1
+    assert types.count("session.execution.succeeded") == 1

@@ -1,0 +1,45 @@
+"""Tools for drain tests: a gate that counts concurrent executions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
+from activities.tools.testing import Defect, Echo, Fail, Sleep
+
+
+class GateInput(BaseModel):
+    text: str = ""
+    gate: str | None = None
+
+
+class Gate(Tool[GateInput]):
+    """Waits until its gate file exists; records how many gates run at once."""
+
+    name = "gate"
+    description = "Wait for a gate file, then return the text."
+    input_model = GateInput
+    retry_safe = True
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.started: list[str] = []
+
+    async def execute(self, input: GateInput, context: ToolContext) -> ToolOutput:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        self.started.append(input.text)
+        try:
+            while input.gate and not Path(input.gate).exists():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            return ToolOutput.text(input.text, text=input.text)
+        finally:
+            self.active -= 1
+
+
+def registry(gate: Gate) -> ToolRegistry:
+    return ToolRegistry([Echo(), Sleep(), Fail(), Defect(), gate])
