@@ -67,7 +67,7 @@ def application_error(error: SessionflowError) -> ApplicationError:
             type="ClaimHeldError",
             next_retry_delay=timedelta(milliseconds=wait_ms),
         )
-    non_retryable = isinstance(error, ClaimLostError) or isinstance(error, ValueError)
+    non_retryable = isinstance(error, ClaimLostError | ValueError)
     return ApplicationError(str(error), type=type(error).__name__, non_retryable=non_retryable)
 
 

@@ -23,6 +23,7 @@ from sessionflow.models.drain import (
     PendingResult,
     PrepareInput,
     PrepareResult,
+    Promotion,
 )
 from sessionflow.models.messages import AssistantMessage, ToolPart
 from store.db import Tx
@@ -131,7 +132,7 @@ class SessionActivities:
             if not (force or steer or queue):
                 return PrepareResult(run=False, **limits)
             stale = await self._fail_stale_tools(claim)
-            promotion = "steer" if steer else "queue" if queue else None
+            promotion: Promotion = "steer" if steer else "queue" if queue else None
             return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
 
     async def _fail_stale_tools(self, claim: Any) -> int:
@@ -163,7 +164,7 @@ class SessionActivities:
 
     @activity.defn
     async def finish_step(self, request: FinishStepInput) -> FinishStepResult:
-        """Settle a step after all its tools: at most one terminal step event (reference §4.5.14)."""
+        """Settle a step after all its tools: at most one terminal step event (ref. §4.5.14)."""
         turn, claim = request.turn, to_claim(request.claim)
         async with translated():
             messages = await self.store.sessions.messages(claim.session_id)

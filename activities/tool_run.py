@@ -89,17 +89,16 @@ class ToolActivities:
             output: ToolOutput = await tool.execute(tool_input, context)
         except asyncio.CancelledError:
             raise
-        except ValidationError as error:
-            message = f"Invalid input for {request.name}: {error}"
-            return await self._settle(
-                claim, request, SessionError(type="tool.execution", message=message)
-            )
-        except ToolFailure as failure:
-            error = SessionError(type="tool.execution", message=str(failure))
-            return await self._settle(claim, request, error=error)
+        except ValidationError as invalid:
+            message = f"Invalid input for {request.name}: {invalid}"
+            failure = SessionError(type="tool.execution", message=message)
+            return await self._settle(claim, request, failure)
+        except ToolFailure as refused:
+            failure = SessionError(type="tool.execution", message=str(refused))
+            return await self._settle(claim, request, failure)
         except Exception as defect:
-            error = SessionError(type="unknown", message=str(defect) or type(defect).__name__)
-            return await self._settle(claim, request, error=error)
+            failure = SessionError(type="unknown", message=str(defect) or type(defect).__name__)
+            return await self._settle(claim, request, failure)
         return await self._settle(claim, request, output=output)
 
     async def _settle(
@@ -110,18 +109,20 @@ class ToolActivities:
         *,
         output: ToolOutput | None = None,
     ) -> ToolOutcome:
-        ids = {
-            "session_id": claim.session_id,
-            "assistant_message_id": request.assistant_message_id,
-            "call_id": request.call_id,
-        }
         event: ev.Event
         if error is not None:
-            event = ev.ToolFailed(**ids, error=error)
+            event = ev.ToolFailed(
+                session_id=claim.session_id,
+                assistant_message_id=request.assistant_message_id,
+                call_id=request.call_id,
+                error=error,
+            )
         else:
             assert output is not None
             event = ev.ToolSucceeded(
-                **ids,
+                session_id=claim.session_id,
+                assistant_message_id=request.assistant_message_id,
+                call_id=request.call_id,
                 structured=output.structured,
                 content=output.content,
                 output_paths=output.output_paths,

@@ -202,12 +202,14 @@ class SessionClient:
             search_attributes=_attributes(session_id),
             static_summary=f"session {session_id}",
         )
-        return await self.temporal.execute_update_with_start_workflow(
+        outcome = await self.temporal.execute_update_with_start_workflow(
             "resume",
             ResumeRequest(request_id=str(uuid.uuid4())),
             start_workflow_operation=operation,
             result_type=Outcome,
         )
+        assert isinstance(outcome, Outcome)
+        return outcome
 
     async def interrupt(
         self, session_id: str, reason: str = "user", *, request_id: str | None = None
@@ -228,7 +230,7 @@ class SessionClient:
             if "already completed" in str(error) or "not found" in str(error).lower():
                 return False
             raise
-        return result.accepted
+        return bool(result.accepted)
 
     async def status(self, session_id: str) -> SessionStatus:
         pending = len(await self.store.inputs.pending(session_id))
@@ -242,7 +244,7 @@ class SessionClient:
         busy = drain is not None and drain.busy
         return SessionStatus(session_id, busy, drain, pending)
 
-    async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:
+    async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Wait until no busy period runs (never starts work)."""
         deadline = time.monotonic() + timeout
         while True:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 

@@ -12,8 +12,9 @@ Payloads are ids, counts and short errors: the activities read and write the sto
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -49,42 +50,72 @@ with workflow.unsafe.imports_passed_through():
 
 LINGER = timedelta(seconds=2)
 MAX_RETRIES = 4
-SHORT = {
-    "start_to_close_timeout": timedelta(seconds=60),
-    "retry_policy": RetryPolicy(
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Options:
+    start_to_close: timedelta
+    retry: RetryPolicy
+    heartbeat: timedelta | None = None
+    # Interruptible activities heartbeat; the workflow waits until they really stopped.
+    cancellation: workflow.ActivityCancellationType = workflow.ActivityCancellationType.TRY_CANCEL
+
+
+SHORT = Options(
+    timedelta(seconds=60),
+    RetryPolicy(
         initial_interval=timedelta(milliseconds=200),
         maximum_interval=timedelta(seconds=10),
         maximum_attempts=20,
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
-}
-CLAIM_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500),
-    maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=[
-        "ClaimLostError",
-        "SessionNotFoundError",
-        "InvalidIdError",
-        "InvalidInputError",
-    ],
 )
-TURN = {
-    "start_to_close_timeout": timedelta(minutes=30),
-    "heartbeat_timeout": timedelta(seconds=5),
-    # The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
-    "retry_policy": RetryPolicy(maximum_attempts=1),
-    "cancellation_type": workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-}
-TOOL = {
-    "start_to_close_timeout": timedelta(hours=2),
-    "heartbeat_timeout": timedelta(seconds=5),
-    "retry_policy": RetryPolicy(
+CLAIM = Options(
+    timedelta(seconds=60),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=500),
+        maximum_interval=timedelta(seconds=30),
+        non_retryable_error_types=[
+            "ClaimLostError",
+            "SessionNotFoundError",
+            "InvalidIdError",
+            "InvalidInputError",
+        ],
+    ),
+)
+# The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
+TURN = Options(
+    timedelta(minutes=30),
+    RetryPolicy(maximum_attempts=1),
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+TOOL = Options(
+    timedelta(hours=2),
+    RetryPolicy(
         initial_interval=timedelta(milliseconds=200),
         maximum_attempts=3,
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
-    "cancellation_type": workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-}
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+
+
+async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
+    """Run an activity by name (workflows hold no activity code) with typed input and output."""
+    result = await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=options.start_to_close,
+        heartbeat_timeout=options.heartbeat,
+        retry_policy=options.retry,
+        cancellation_type=options.cancellation,
+        summary=summary,
+    )
+    return cast(T, result)
 
 
 class Interrupted(Exception):
@@ -234,27 +265,17 @@ class SessionWorkflow:
         info = workflow.info()
         execution_id = f"{info.run_id}_{period}"
         self.phase = "claiming"
-        return await workflow.execute_activity(
-            "acquire_claim",
-            AcquireInput(
-                session_id=self.session_id,
-                execution_id=execution_id,
-                owner_id=f"{info.workflow_id}/{execution_id}",
-            ),
-            result_type=ClaimRef,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=CLAIM_RETRY,
-            summary="claim session",
+        request = AcquireInput(
+            session_id=self.session_id,
+            execution_id=execution_id,
+            owner_id=f"{info.workflow_id}/{execution_id}",
         )
+        return await call("acquire_claim", request, ClaimRef, "claim session", CLAIM)
 
     async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:
         try:
-            await workflow.execute_activity(
-                "finish_execution",
-                FinishExecutionInput(claim=claim, outcome=outcome),
-                summary=f"execution {outcome.type}",
-                **SHORT,  # type: ignore[arg-type]
-            )
+            request = FinishExecutionInput(claim=claim, outcome=outcome)
+            await call("finish_execution", request, type(None), f"execution {outcome.type}", SHORT)
         except ActivityError as error:
             # The claim was lost to another execution: it owns the session and its terminal.
             workflow.logger.warning("Busy period ended without its terminal event: %s", error)
@@ -269,13 +290,8 @@ class SessionWorkflow:
 
     async def _drain(self, claim: ClaimRef, force: bool) -> None:
         self.phase = "preparing"
-        prep: PrepareResult = await workflow.execute_activity(
-            "prepare_drain",
-            PrepareInput(claim=claim, force=force),
-            result_type=PrepareResult,
-            summary="prepare drain",
-            **SHORT,  # type: ignore[arg-type]
-        )
+        request = PrepareInput(claim=claim, force=force)
+        prep = await call("prepare_drain", request, PrepareResult, "prepare drain", SHORT)
         if prep.failure is not None:
             raise DrainFailure(prep.failure)
         if not prep.run:
@@ -296,13 +312,8 @@ class SessionWorkflow:
             promotion = "steer" if pending.steer else "queue"
 
     async def _pending(self, claim: ClaimRef) -> PendingResult:
-        return await workflow.execute_activity(
-            "pending_inputs",
-            PendingInput(claim=claim),
-            result_type=PendingResult,
-            summary="check inputs",
-            **SHORT,  # type: ignore[arg-type]
-        )
+        request = PendingInput(claim=claim)
+        return await call("pending_inputs", request, PendingResult, "check inputs", SHORT)
 
     async def _run_step(
         self, claim: ClaimRef, promotion: Promotion, step: int, max_steps: int | None
@@ -342,22 +353,18 @@ class SessionWorkflow:
         max_steps: int | None,
         retry: int,
     ) -> TurnResult:
+        request = TurnInput(
+            claim=claim,
+            assistant_message_id=assistant_id,
+            step=step,
+            attempt=self.attempts,
+            promotion=promotion,
+            max_steps=max_steps,
+            retry=retry,
+        )
         try:
-            return await workflow.execute_activity(
-                "stream_turn",
-                TurnInput(
-                    claim=claim,
-                    assistant_message_id=assistant_id,
-                    step=step,
-                    attempt=self.attempts,
-                    promotion=promotion,
-                    max_steps=max_steps,
-                    retry=retry,
-                ),
-                result_type=TurnResult,
-                summary=f"turn {self.turns + 1} · step {step}",
-                **TURN,  # type: ignore[arg-type]
-            )
+            summary = f"turn {self.turns + 1} · step {step}"
+            return await call("stream_turn", request, TurnResult, summary, TURN)
         except ActivityError as error:
             if isinstance(error.cause, CancelledError):
                 raise asyncio.CancelledError() from error
@@ -400,13 +407,8 @@ class SessionWorkflow:
                 call_id=request.call_id, name=request.name, started_at=workflow.now().isoformat()
             )
             try:
-                return await workflow.execute_activity(
-                    "run_tool",
-                    request,
-                    result_type=ToolOutcome,
-                    summary=f"{request.name} {request.call_id}",
-                    **TOOL,  # type: ignore[arg-type]
-                )
+                summary = f"{request.name} {request.call_id}"
+                return await call("run_tool", request, ToolOutcome, summary, TOOL)
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
                     raise asyncio.CancelledError() from error
@@ -428,19 +430,14 @@ class SessionWorkflow:
     async def _schedule_retry(self, claim: ClaimRef, turn: TurnResult, retry: int) -> None:
         delay_ms = max(2000 * 2**retry, turn.retry_after_ms or 0)
         at_ms = int(workflow.now().timestamp() * 1000) + delay_ms
-        await workflow.execute_activity(
-            "finish_step",
-            FinishStepInput(
-                claim=claim,
-                attempt=self.attempts,
-                turn=turn,
-                retry_at_ms=at_ms,
-                retry_attempt=retry + 2,
-            ),
-            result_type=FinishStepResult,
-            summary="schedule retry",
-            **SHORT,  # type: ignore[arg-type]
+        request = FinishStepInput(
+            claim=claim,
+            attempt=self.attempts,
+            turn=turn,
+            retry_at_ms=at_ms,
+            retry_attempt=retry + 2,
         )
+        await call("finish_step", request, FinishStepResult, "schedule retry", SHORT)
         self.phase = "retrying"
         await workflow.sleep(timedelta(milliseconds=delay_ms))
 
@@ -453,19 +450,14 @@ class SessionWorkflow:
         infrastructure: SessionError | None = None,
     ) -> FinishStepResult:
         self.phase = "settling step"
-        return await workflow.execute_activity(
-            "finish_step",
-            FinishStepInput(
-                claim=claim,
-                attempt=self.attempts,
-                turn=turn,
-                interrupted=interrupted,
-                infrastructure_error=infrastructure,
-            ),
-            result_type=FinishStepResult,
-            summary="settle step",
-            **SHORT,  # type: ignore[arg-type]
+        request = FinishStepInput(
+            claim=claim,
+            attempt=self.attempts,
+            turn=turn,
+            interrupted=interrupted,
+            infrastructure_error=infrastructure,
         )
+        return await call("finish_step", request, FinishStepResult, "settle step", SHORT)
 
 
 def _activity_error(error: ActivityError) -> SessionError:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from activities.providers.base import ToolSpec
 from sessionflow.models.common import ContentPart, TextContent
 
-I = TypeVar("I", bound=BaseModel)
+InputT = TypeVar("InputT", bound=BaseModel)
 
 
 class ToolFailure(Exception):
@@ -48,13 +48,13 @@ class ToolOutput:
         return cls(structured=structured, content=(TextContent(text=body),))
 
 
-class Tool(Generic[I]):
+class Tool(Generic[InputT]):
     name: ClassVar[str]
     description: ClassVar[str]
     input_model: ClassVar[type[BaseModel]]
     retry_safe: ClassVar[bool] = False
 
-    async def execute(self, input: I, context: ToolContext) -> ToolOutput:
+    async def execute(self, input: InputT, context: ToolContext) -> ToolOutput:
         raise ToolFailure(f"Tool {self.name} cannot run")
 
     def spec(self) -> ToolSpec:

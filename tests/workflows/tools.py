@@ -34,7 +34,7 @@ class Gate(Tool[GateInput]):
         self.peak = max(self.peak, self.active)
         self.started.append(input.text)
         try:
-            while input.gate and not Path(input.gate).exists():  # noqa: ASYNC110
+            while input.gate and not Path(input.gate).exists():
                 await asyncio.sleep(0.02)
             return ToolOutput.text(input.text, text=input.text)
         finally:
