@@ -192,9 +192,7 @@ class _Stream:
         self.last_flush = time.monotonic()
         if not events:
             return
-        store = self.rt.store
-        async with store.claims.fenced(self.claim, step_attempt=self.request.attempt) as tx:
-            await store.events.publish_many(events, tx=tx)
+        await self.rt.store.append(self.claim, events, step_attempt=self.request.attempt)
         activity.heartbeat()
 
     async def _signal(self, calls: list[CallRef]) -> None:

@@ -4,12 +4,15 @@ Run from the project root: ``.venv/bin/python bench/store.py`` (or ``make bench`
 
 For each database, on the same machine in one run, it measures:
 
-1. fenced single-event appends: one ``claims.fenced`` transaction per ``TextDelta``;
+1. fenced single-event appends: one ``Store.append`` (a fenced transaction) per ``TextDelta``,
+   the path a turn's token deltas take;
 2. raw single-row transactional inserts with the bare driver (``sqlite3`` with the store's
    pragmas and ``BEGIN IMMEDIATE ... COMMIT``; sync ``psycopg``, one transaction per row), into
    a table with the ``event`` table's columns, primary key, unique constraint and index;
-3. batched appends: ``publish_many`` of N deltas per fenced transaction, against raw
+3. batched appends: ``Store.append`` of N deltas per fenced transaction, against raw
    ``executemany`` of N rows in one transaction;
+4. for information, the general path (``claims.fenced`` + ``publish``/``publish_many``) that
+   events with projections take;
 
 and prints events per second with the ratios store/raw against the targets (fenced >= 40 % of
 raw single-row, batched >= 50 % of raw batched). Raw async psycopg is shown for information.
@@ -197,6 +200,22 @@ def store_cases(target: StoreTarget, label: str, batch: int) -> tuple[Case, Case
     store, claim = target.store, target.claim
 
     async def single() -> None:
+        await store.append(claim, [target.delta()])
+
+    async def batched() -> None:
+        await store.append(claim, [target.delta() for _ in range(batch)])
+
+    return (
+        async_case(f"{label} fenced append x1", 1, single),
+        async_case(f"{label} fenced append x{batch}", batch, batched),
+    )
+
+
+def general_cases(target: StoreTarget, label: str, batch: int) -> tuple[Case, Case]:
+    """The general path (``claims.fenced`` + ``publish_many``), which projected events take."""
+    store, claim = target.store, target.claim
+
+    async def single() -> None:
         async with store.claims.fenced(claim) as tx:
             await store.events.publish(target.delta(), tx=tx)
 
@@ -205,8 +224,8 @@ def store_cases(target: StoreTarget, label: str, batch: int) -> tuple[Case, Case
             await store.events.publish_many([target.delta() for _ in range(batch)], tx=tx)
 
     return (
-        async_case(f"{label} fenced publish x1", 1, single),
-        async_case(f"{label} fenced publish_many x{batch}", batch, batched),
+        async_case(f"{label} fenced publish x1 (info)", 1, single),
+        async_case(f"{label} fenced publish_many x{batch} (info)", batch, batched),
     )
 
 
@@ -375,10 +394,11 @@ async def bench_sqlite(directory: Path, budget: Budget) -> tuple[list[Comparison
         ) as conn:
             fenced, batched = store_cases(target, "SQLite", budget.batch)
             raw_single, raw_batched = raw_sqlite_cases(conn, budget.batch)
-            rates = await measure([fenced, raw_single, batched, raw_batched], budget)
+            general = general_cases(target, "SQLite", budget.batch)
+            rates = await measure([fenced, raw_single, batched, raw_batched, *general], budget)
     finally:
         await target.store.close()
-    return compare("SQLite", rates, budget.batch), rates
+    return compare("SQLite", rates[:4], budget.batch), rates
 
 
 def libpq(url: str) -> str:
@@ -417,7 +437,8 @@ async def bench_postgres(url: str, budget: Budget) -> tuple[list[Comparison], li
             fenced, batched = store_cases(target, "PostgreSQL", budget.batch)
             raw_single, raw_batched = raw_pg_cases(conn, budget.batch)
             raw_async = raw_pg_async_case(aconn)
-            cases = [fenced, raw_single, raw_async, batched, raw_batched]
+            general = general_cases(target, "PostgreSQL", budget.batch)
+            cases = [fenced, raw_single, raw_async, batched, raw_batched, *general]
             rates = await measure(cases, budget)
     finally:
         drop_schema(conninfo, schema)

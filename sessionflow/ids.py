@@ -6,6 +6,7 @@ so they sort by creation time and are unique without coordination.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import time
@@ -18,6 +19,13 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 def new_id(prefix: str) -> str:
     """A new time-sortable id such as ``ses_0193a1b2c3d4e5f6a7b8c9d0e1f2``."""
     return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(7)}"
+
+
+def new_ids(prefix: str, count: int) -> list[str]:
+    """``count`` fresh ids at once (one clock read, one random draw): for batches."""
+    stamp = f"{prefix}_{int(time.time() * 1000):012x}"
+    randomness = os.urandom(7 * count).hex()
+    return [stamp + randomness[14 * i : 14 * i + 14] for i in range(count)]
 
 
 def session_id() -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from sessionflow.errors import (
     ClaimHeldError,
@@ -185,7 +186,7 @@ class Claims:
                 execution_table.delete().where(*_fence(claim, tx)).returning(_x.id)
             )
             if result.scalar_one_or_none() is None:
-                raise await self._lost(tx, claim)
+                raise await self._lost(tx.conn, claim)
 
     async def set_phase(
         self,
@@ -229,7 +230,7 @@ class Claims:
         )
         row = result.one_or_none()
         if row is None:
-            raise await self._lost(tx, claim, step_attempt)
+            raise await self._lost(tx.conn, claim, step_attempt)
         return replace(
             claim,
             expires_at=int(row.expires_at),
@@ -238,11 +239,18 @@ class Claims:
             assistant_message_id=row.assistant_message_id,
         )
 
-    async def _lost(self, tx: Tx, claim: Claim, step_attempt: int | None = None) -> ClaimLostError:
-        query = sa.select(execution_table, now_ms(tx.dialect).label("now")).where(
+    async def why_lost(self, claim: Claim, step_attempt: int | None = None) -> ClaimLostError:
+        """The error that explains why a fenced write of ``claim`` was refused."""
+        async with self.db.read() as conn:
+            return await self._lost(conn, claim, step_attempt)
+
+    async def _lost(
+        self, conn: AsyncConnection, claim: Claim, step_attempt: int | None = None
+    ) -> ClaimLostError:
+        query = sa.select(execution_table, now_ms(self.db.dialect).label("now")).where(
             _x.session_id == claim.session_id
         )
-        row = (await tx.conn.execute(query)).one_or_none()
+        row = (await conn.execute(query)).one_or_none()
         if row is None:
             return ClaimLostError(claim.session_id, claim.execution_id, "the claim was released")
         if row.id != claim.execution_id or row.epoch != claim.epoch:

@@ -21,6 +21,8 @@ import json
 import re
 from typing import Any
 
+from pydantic import BaseModel
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -31,6 +33,15 @@ def _escape(match: re.Match[str]) -> str:
 def dumps(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return _SURROGATE.sub(_escape, text)
+
+
+def dump_model(model: BaseModel) -> str:
+    """A model as stored JSON. pydantic's serializer is the fast path; it refuses lone
+    surrogates, and only then does the model go through ``dumps``."""
+    try:
+        return model.model_dump_json()
+    except ValueError:
+        return dumps(model.model_dump(mode="json"))
 
 
 def loads(text: str | bytes) -> Any:

@@ -113,7 +113,7 @@ class Database:
     @asynccontextmanager
     async def write(self, *, stamp: Stamp | None = None) -> AsyncIterator[Tx]:
         """A write transaction; after-commit callbacks run only if it commits."""
-        async with self._serialized(), self.write_engine.connect() as conn:
+        async with self.serialized(), self.write_engine.connect() as conn:
             tx = Tx(conn, self.dialect, stamp)
             async with conn.begin():
                 yield tx
@@ -127,7 +127,8 @@ class Database:
             yield conn
 
     @asynccontextmanager
-    async def _serialized(self) -> AsyncIterator[None]:
+    async def serialized(self) -> AsyncIterator[None]:
+        """This process's SQLite writes, one at a time (a no-op on PostgreSQL)."""
         if self.dialect != "sqlite":
             yield
             return

@@ -29,10 +29,10 @@ from sessionflow.errors import (
     PayloadTooLargeError,
     SequenceConflictError,
 )
-from sessionflow.ids import event_id, validate_id
+from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
 from store import codec
-from store.db import Database, Tx
+from store.db import Database, Stamp, Tx
 from store.dialect import NOTIFY_CHANNEL, for_update, insert, is_unique_violation
 from store.notify import Notifier
 from store.registry import EventRegistry
@@ -95,7 +95,10 @@ class _Prepared:
     explicit_id: bool
     created: int
     encoded: str
-    data: dict[str, Any]
+
+    @property
+    def data(self) -> Any:
+        return codec.loads(self.encoded)
 
 
 class EventStore:
@@ -164,30 +167,87 @@ class EventStore:
         async with self.db.write() as own:
             return await self._append(own, prepared, None)
 
-    def _prepare(self, event: Event, id: str | None, created: int | None) -> _Prepared:
-        if not self.registry.knows(event.stored_type()):
+    def has_projector(self, cls: type[Event]) -> bool:
+        return cls in self._projectors
+
+    def prepare_rows(self, events: Sequence[Event], stamp: Stamp) -> list[dict[str, Any]]:
+        """Validated, encoded rows for ``events`` (seq still to be assigned): the hot path.
+
+        The same checks as ``publish``, once per batch where they can be: one id draw, one
+        clock read, each aggregate validated once.
+        """
+        created = int(time.time() * 1000)
+        ids = new_ids("evt", len(events))
+        checked: set[str] = set()
+        rows = []
+        for event, id in zip(events, ids, strict=True):
+            stored_type = event.stored_type()
+            aggregate = getattr(event, event.aggregate_field, None)
+            if aggregate not in checked:
+                self._check(event, stored_type, aggregate)
+                checked.add(str(aggregate))
+            encoded = codec.dump_model(event)
+            self._check_size(stored_type, encoded)
+            rows.append(
+                {
+                    "id": id,
+                    "aggregate_id": aggregate,
+                    "seq": -1,
+                    "created": created,
+                    "type": stored_type,
+                    "data": encoded,
+                    "execution_id": stamp.execution_id,
+                    "epoch": stamp.epoch,
+                }
+            )
+        return rows
+
+    def _check(self, event: Event, stored_type: str, aggregate: Any) -> None:
+        if not self.registry.knows(stored_type):
             self.registry.register(type(event))
-        aggregate = getattr(event, event.aggregate_field, None)
         if not isinstance(aggregate, str):
             raise InvalidDurableEventError(
-                f"Expected string aggregate field {event.aggregate_field}",
-                event_type=event.stored_type(),
+                f"Expected string aggregate field {event.aggregate_field}", event_type=stored_type
             )
         validate_id(aggregate, "aggregate")
+
+    def _check_size(self, stored_type: str, encoded: str) -> None:
+        if len(encoded) * 4 > self.max_event_bytes:  # cheap bound before counting UTF-8 bytes
+            size = len(encoded.encode("utf-8"))
+            if size > self.max_event_bytes:
+                raise PayloadTooLargeError(f"Event {stored_type}", size, self.max_event_bytes)
+
+    def committed(self, rows: list[dict[str, Any]], events: Sequence[Event]) -> list[StoredEvent]:
+        """The hot path committed ``rows``: ring doorbells and listeners, return the events."""
+        stored = [
+            StoredEvent(
+                row["id"],
+                row["aggregate_id"],
+                row["seq"],
+                row["created"],
+                row["type"],
+                event,
+                row["execution_id"],
+                row["epoch"],
+            )
+            for row, event in zip(rows, events, strict=True)
+        ]
+        self._announce(stored, publish=True)
+        return stored
+
+    def _prepare(self, event: Event, id: str | None, created: int | None) -> _Prepared:
+        stored_type = event.stored_type()
+        self._check(event, stored_type, getattr(event, event.aggregate_field, None))
         if id is not None:
             validate_id(id, "event")
-        data = event.model_dump(mode="json")
-        encoded = codec.dumps(data)
-        size = len(encoded.encode("utf-8"))
-        if size > self.max_event_bytes:
-            raise PayloadTooLargeError(f"Event {event.stored_type()}", size, self.max_event_bytes)
+        encoded = codec.dump_model(event)
+        self._check_size(stored_type, encoded)
         return _Prepared(
             event=event,
             id=id or event_id(),
             explicit_id=id is not None,
             created=created if created is not None else int(time.time() * 1000),
             encoded=encoded,
-            data=data,
         )
 
     async def _append(
@@ -264,18 +324,19 @@ class EventStore:
                 await tx.conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, f"{agg} {seq}")))
 
     def _after_commit(self, tx: Tx, stored: list[StoredEvent], *, publish: bool) -> None:
-        def notify() -> None:
-            for agg in {event.aggregate_id for event in stored}:
-                self.notifier.ring(agg)
-            if publish:
-                for event in stored:
-                    for listener in list(self._listeners):
-                        try:
-                            listener(event)
-                        except Exception:
-                            log.exception("Event listener failed")
+        tx.after_commit.append(lambda: self._announce(stored, publish=publish))
 
-        tx.after_commit.append(notify)
+    def _announce(self, stored: list[StoredEvent], *, publish: bool) -> None:
+        """After a commit: ring the aggregates' doorbells, then tell the listeners."""
+        for agg in {event.aggregate_id for event in stored}:
+            self.notifier.ring(agg)
+        if publish:
+            for event in stored:
+                for listener in list(self._listeners):
+                    try:
+                        listener(event)
+                    except Exception:
+                        log.exception("Event listener failed")
 
     # --- replay ---------------------------------------------------------------------------------
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from sessionflow.models.events import Event
 from sessionflow.settings import Settings
 from store import projector
-from store.claims import Claims
-from store.db import Database
-from store.events import EventStore
+from store.claims import Claim, Claims
+from store.db import Database, Stamp
+from store.dialect import NOTIFY_CHANNEL
+from store.events import EventStore, StoredEvent
+from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs
 from store.notify import Notifier
 from store.sessions import Sessions
@@ -22,9 +26,50 @@ class Store:
     claims: Claims
     inputs: Inputs
     sessions: Sessions
+    writer: SqliteWriter | PostgresWriter | None = field(default=None)
+
+    async def append(
+        self, claim: Claim, events: Sequence[Event], *, step_attempt: int | None = None
+    ) -> list[StoredEvent]:
+        """Append ``events`` in one fenced transaction under ``claim``.
+
+        Batches of one aggregate's projector-free events (token deltas) take the hot path in
+        ``store.fast``; anything else is ``claims.fenced`` + ``events.publish_many``. Both
+        refuse with ``ClaimLostError`` (or ``StaleAttemptError``) and write nothing.
+        """
+        if not events:
+            return []
+        if any(self.events.has_projector(type(e)) for e in events) or (
+            len({e.aggregate_id for e in events}) > 1
+        ):
+            async with self.claims.fenced(claim, step_attempt=step_attempt) as tx:
+                return await self.events.publish_many(events, tx=tx)
+        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+        fence = {
+            "sid": claim.session_id,
+            "eid": claim.execution_id,
+            "owner": claim.owner_id,
+            "epoch": claim.epoch,
+            "lease": claim.lease_ms,
+            "attempt": -1 if step_attempt is None else step_attempt,
+        }
+        if isinstance(self.writer, SqliteWriter):
+            async with self.db.serialized():
+                last = await self.writer.append(fence, rows)
+        else:
+            assert self.writer is not None
+            last = await self.writer.append(fence, rows, NOTIFY_CHANNEL)
+            if last is not None:
+                for offset, row in enumerate(rows):
+                    row["seq"] = last - len(rows) + 1 + offset
+        if last is None:
+            raise await self.claims.why_lost(claim, step_attempt)
+        return self.events.committed(rows, events)
 
     async def close(self) -> None:
         await self.notifier.close()
+        if self.writer is not None:
+            await self.writer.close()
         await self.db.dispose()
 
 
@@ -58,4 +103,5 @@ async def open_store(
         claims=Claims(db, lease_ms=settings.lease_ms),
         inputs=Inputs(db, events),
         sessions=Sessions(db, events),
+        writer=SqliteWriter(db) if db.dialect == "sqlite" else PostgresWriter(db),
     )

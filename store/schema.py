@@ -126,9 +126,9 @@ class EventRow(Base):
     __tablename__ = "event"
 
     id: Mapped[Id] = mapped_column(primary_key=True)
-    aggregate_id: Mapped[str] = mapped_column(
-        sa.String(128), sa.ForeignKey("event_sequence.aggregate_id", ondelete="CASCADE")
-    )
+    # No foreign key to event_sequence: every append writes its sequence row first, in the
+    # same transaction, and a per-row key check would cost every append a lookup.
+    aggregate_id: Mapped[str] = mapped_column(sa.String(128))
     seq: Mapped[Seq]
     created: Mapped[Millis]
     type: Mapped[str] = mapped_column(sa.String(128))

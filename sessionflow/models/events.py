@@ -8,6 +8,7 @@ but projections ignore them.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
@@ -40,13 +41,18 @@ class Event(Model):
 
     @classmethod
     def stored_type(cls) -> str:
-        return f"{cls.event_type()}.{cls.version}"
+        return _stored_type(cls)
 
     @property
     def aggregate_id(self) -> str:
         value = getattr(self, self.aggregate_field)
         assert isinstance(value, str)
         return value
+
+
+@functools.cache
+def _stored_type(cls: type[Event]) -> str:
+    return f"{cls.event_type()}.{cls.version}"
 
 
 class SessionEventBase(Event):

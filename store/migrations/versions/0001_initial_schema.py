@@ -64,12 +64,6 @@ def upgrade() -> None:
         sa.Column("data", sa.Text(), nullable=False),
         sa.Column("execution_id", sa.String(length=128), nullable=True),
         sa.Column("epoch", sa.BigInteger(), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["aggregate_id"],
-            ["event_sequence.aggregate_id"],
-            name=op.f("fk_event_aggregate_id_event_sequence"),
-            ondelete="CASCADE",
-        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_event")),
         sa.UniqueConstraint("aggregate_id", "seq", name=op.f("uq_event_aggregate_id_seq")),
     )
