@@ -8,6 +8,7 @@ Environment: ``SESSIONFLOW_DATABASE_URL`` (default a SQLite file under ``./.sess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -16,22 +17,41 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
+from activities.sweep import SweepActivities
 from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
-from sessionflow.models.drain import TASK_QUEUE
+from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
 from sessionflow.settings import Settings
 from store import Store, open_store
 from workflows.session import SessionWorkflow
+from workflows.sweep import RecoverySweep
 
 log = logging.getLogger("sessionflow.worker")
+
+
+def tools_from_env() -> ToolRegistry:
+    """``SESSIONFLOW_TOOLS``: ``testing`` gives the test tools (echo, sleep, fail, defect)."""
+    choice = os.environ.get("SESSIONFLOW_TOOLS", "testing")
+    if choice != "testing":
+        raise SystemExit(f"SESSIONFLOW_TOOLS={choice!r}: known values are 'testing'")
+    return testing_registry()
 
 
 def identity() -> str:
@@ -47,13 +67,14 @@ async def connect(address: str, namespace: str = "default") -> Client:
     )
 
 
-def activities_for(runtime: Runtime) -> Sequence[Any]:
+def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
     session, turn, tools = (
         SessionActivities(runtime),
         TurnActivities(runtime),
         ToolActivities(runtime),
     )
     return [
+        SweepActivities(runtime, task_queue=task_queue).sweep_recoverable,
         session.acquire_claim,
         session.finish_execution,
         session.prepare_drain,
@@ -78,13 +99,31 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[SessionWorkflow],
-        activities=activities_for(runtime),
+        workflows=[SessionWorkflow, RecoverySweep],
+        activities=activities_for(runtime, task_queue),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
         max_heartbeat_throttle_interval=timedelta(milliseconds=250),
         default_heartbeat_throttle_interval=timedelta(milliseconds=250),
         graceful_shutdown_timeout=graceful_shutdown,
     )
+
+
+async def ensure_sweep_schedule(
+    client: Client, *, task_queue: str = TASK_QUEUE, every: timedelta = timedelta(seconds=30)
+) -> None:
+    """Create the recovery sweep's Schedule once per namespace (an existing one is kept)."""
+    schedule = Schedule(
+        action=ScheduleActionStartWorkflow(
+            "RecoverySweep",
+            SweepInput(),
+            id=SWEEP_WORKFLOW_ID,
+            task_queue=task_queue,
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+    with contextlib.suppress(ScheduleAlreadyRunningError):
+        await client.create_schedule(SWEEP_WORKFLOW_ID, schedule)
 
 
 async def main() -> None:
@@ -95,7 +134,8 @@ async def main() -> None:
     namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")
     store = await open_store(settings=settings)
     client = await connect(address, namespace)
-    worker = build_worker(client, store, task_queue=task_queue)
+    worker = build_worker(client, store, task_queue=task_queue, tools=tools_from_env())
+    await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

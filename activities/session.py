@@ -26,6 +26,7 @@ from sessionflow.models.drain import (
     Promotion,
 )
 from sessionflow.models.messages import AssistantMessage, ToolPart
+from store.claims import Phase
 from store.db import Tx
 
 RESUME_BUDGET = 10
@@ -206,6 +207,9 @@ class SessionActivities:
                 )
             )
             await self.store.events.publish_many(events, tx=tx)
+            await self.store.claims.record_phase(
+                tx, to_claim(request.claim), "continue", message.id
+            )
             return FinishStepResult(ended=False)
         if request.interrupted:
             events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in unsettled]
@@ -237,6 +241,8 @@ class SessionActivities:
             )
         await self.store.events.publish_many(events, tx=tx)
         needs = bool(turn.calls) and not turn.provider_failed and failure is None
+        phase: Phase = "continue" if needs else "ready"
+        await self.store.claims.record_phase(tx, to_claim(request.claim), phase, message.id)
         return FinishStepResult(ended=failure is None, failure=failure, needs_continuation=needs)
 
     @staticmethod

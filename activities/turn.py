@@ -49,7 +49,9 @@ class TurnActivities:
             if session.model is None:
                 raise ValueError(f"Session {session.id} has no model; select one first")
             last_step = request.max_steps is not None and step >= request.max_steps
-            provider_request = await self._request(claim, session, session.model, last_step)
+            provider_request = await self._request(
+                claim, request, session, session.model, last_step
+            )
             publisher = TurnPublisher(
                 session_id=claim.session_id,
                 assistant_message_id=request.assistant_message_id,
@@ -72,7 +74,7 @@ class TurnActivities:
         return promoted > 0
 
     async def _request(
-        self, claim: Claim, session: Any, model: ModelRef, last_step: bool
+        self, claim: Claim, request: TurnInput, session: Any, model: ModelRef, last_step: bool
     ) -> p.ProviderRequest:
         store = self.rt.store
         messages = to_request_messages(await store.sessions.messages(claim.session_id), model)
@@ -81,7 +83,9 @@ class TurnActivities:
                 p.RequestMessage(role="assistant", content=(p.TextPartIn(text=MAX_STEPS_PROMPT),))
             )
         system = session.settings.get("system") or DEFAULT_SYSTEM
-        async with store.claims.fenced(claim) as tx:
+        async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
+            # A model call is in flight: a takeover must treat the step's outcome as unknown.
+            await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
             counted = await tx.conn.execute(
                 session_table.update()
                 .where(session_table.c.id == claim.session_id)

@@ -198,12 +198,18 @@ class Claims:
     ) -> Claim:
         """Record what the execution is doing, so a takeover knows how to recover it."""
         async with self.fenced(claim, step_attempt=step_attempt) as tx:
-            await tx.conn.execute(
-                execution_table.update()
-                .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
-                .values(phase=phase, assistant_message_id=assistant_message_id)
-            )
+            await self.record_phase(tx, claim, phase, assistant_message_id)
         return replace(claim, phase=phase, assistant_message_id=assistant_message_id)
+
+    async def record_phase(
+        self, tx: Tx, claim: Claim, phase: Phase, assistant_message_id: str | None = None
+    ) -> None:
+        """Record the phase inside a fenced ``tx`` (which already proved the claim live)."""
+        await tx.conn.execute(
+            execution_table.update()
+            .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
+            .values(phase=phase, assistant_message_id=assistant_message_id)
+        )
 
     @asynccontextmanager
     async def fenced(self, claim: Claim, *, step_attempt: int | None = None) -> AsyncIterator[Tx]:
@@ -276,12 +282,14 @@ class Claims:
             row = (await conn.execute(query)).one_or_none()
         return None if row is None else _row_claim(row, self.lease_ms)
 
-    async def expired(self, *, limit: int = 100) -> list[str]:
-        """Sessions whose claim expired without a release: candidates for recovery."""
+    async def expired(
+        self, *, limit: int = 100, phases: tuple[Phase, ...] = ("ready", "unknown", "continue")
+    ) -> list[str]:
+        """Sessions whose claim expired without a release, oldest first: recovery candidates."""
         async with self.db.read() as conn:
             query = (
                 sa.select(_x.session_id)
-                .where(_x.expires_at <= now_ms(self.db.dialect))
+                .where(_x.expires_at <= now_ms(self.db.dialect), _x.phase.in_(phases))
                 .order_by(_x.expires_at)
                 .limit(limit)
             )

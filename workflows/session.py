@@ -428,6 +428,7 @@ class SessionWorkflow:
         await self._finish_step(claim, turn, interrupted=True)
 
     async def _schedule_retry(self, claim: ClaimRef, turn: TurnResult, retry: int) -> None:
+        self.attempts += 1
         delay_ms = max(2000 * 2**retry, turn.retry_after_ms or 0)
         at_ms = int(workflow.now().timestamp() * 1000) + delay_ms
         request = FinishStepInput(
@@ -450,6 +451,9 @@ class SessionWorkflow:
         infrastructure: SessionError | None = None,
     ) -> FinishStepResult:
         self.phase = "settling step"
+        # A newer attempt number fences out the turn's activity: if it still runs somewhere
+        # (a paused worker), its late writes are refused from here on.
+        self.attempts += 1
         request = FinishStepInput(
             claim=claim,
             attempt=self.attempts,

@@ -188,3 +188,17 @@ class FinishExecutionInput(Model):
     claim: ClaimRef
     outcome: Outcome
     keep_claim: bool = False
+
+
+# --- recovery sweep -----------------------------------------------------------------------------
+
+SWEEP_WORKFLOW_ID = "sessionflow-recovery-sweep"
+
+
+class SweepInput(Model):
+    limit: int = 50
+
+
+class SweepResult(Model):
+    woken: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()

@@ -27,6 +27,17 @@ class Harness:
         self.workspace = root / "workspace"
         self.workspace.mkdir(exist_ok=True)
         self.gate = Gate()
+        self.worker_options: dict[str, Any] = {}
+
+    def worker(self) -> Worker:
+        """An in-process worker on this harness's task queue (an async context manager)."""
+        return build_worker(
+            self.client.temporal,
+            self.store,
+            task_queue=self.client.task_queue,
+            tools=registry(self.gate),
+            **self.worker_options,
+        )
 
     def gate_file(self, name: str) -> str:
         return str(self.root / f"{name}.gate")
@@ -81,15 +92,15 @@ class Harness:
 
 @asynccontextmanager
 async def harness(
-    temporal: Client, store: Store, root: Path, **worker_options: Any
+    temporal: Client, store: Store, root: Path, *, start_worker: bool = True, **worker_options: Any
 ) -> AsyncIterator[Harness]:
+    """A harness on a fresh task queue, with an in-process worker unless ``start_worker=False``."""
     task_queue = f"tq-{uuid.uuid4()}"
-    gate = Gate()
-    worker: Worker = build_worker(
-        temporal, store, task_queue=task_queue, tools=registry(gate), **worker_options
-    )
     client = SessionClient(temporal, store, task_queue=task_queue)
-    async with worker:
-        running = Harness(client, store, root)
-        running.gate = gate
+    running = Harness(client, store, root)
+    running.worker_options = worker_options
+    if not start_worker:
+        yield running
+        return
+    async with running.worker():
         yield running

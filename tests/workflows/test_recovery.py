@@ -1,0 +1,236 @@
+"""Crashes, pauses and abandoned drains: the session carries on, and stale writers are fenced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from temporalio.testing import WorkflowEnvironment
+
+from activities.session import BUDGET_MESSAGE, RESTART_TEXT
+from sessionflow.models.drain import SweepInput, SweepResult
+from store import Store
+from tests.conftest import StoreFactory, Target
+from tests.workflows.harness import Harness, harness
+
+
+def call(call_id: str, name: str, **tool_input: object) -> dict[str, object]:
+    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
+
+
+async def sweep(h: Harness, env: WorkflowEnvironment) -> SweepResult:
+    return await env.client.execute_workflow(
+        "RecoverySweep",
+        SweepInput(),
+        id=f"sweep-{uuid.uuid4()}",
+        task_queue=h.client.task_queue,
+        result_type=SweepResult,
+    )
+
+
+async def abandon_mid_tool(h: Harness, sid: str) -> None:
+    """Terminate the drain while its tool runs, then wait for the claim to expire."""
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    await h.client._handle(sid).terminate("simulated loss of the drain")
+    await h.until(lambda: h.gate.active == 0)
+    await h.until(lambda: _expired(h.store, sid), timeout=30)
+
+
+async def _expired(store: Store, sid: str) -> bool:
+    return sid in await store.claims.expired(phases=("unknown", "continue"))
+
+
+@pytest.fixture
+async def short_lease(
+    temporal_env: WorkflowEnvironment, open_test_store: StoreFactory, tmp_path: Path
+) -> AsyncIterator[Harness]:
+    store = await open_test_store(lease_ms=1500)
+    async with harness(temporal_env.client, store, tmp_path) as running:
+        yield running
+
+
+async def test_the_sweep_recovers_a_drain_terminated_mid_turn(
+    short_lease: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    h = short_lease
+    sid = await h.session(
+        [call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "continued"}]
+    )
+    await abandon_mid_tool(h, sid)
+    result = await sweep(h, temporal_env)
+    assert result.woken == (sid,)
+    await h.until(lambda: len(h.requests()) == 2, timeout=30)
+    await h.client.wait_idle(sid, timeout=30)
+    messages = await h.messages(sid)
+    first = next(m for m in messages if m.type == "assistant")
+    stale = first.tool("call_1").state.error
+    assert (stale.type, stale.message) == ("tool.stale", "Tool execution interrupted: gate")
+    synthetic = [m for m in messages if m.type == "synthetic"]
+    assert [m.text for m in synthetic] == [RESTART_TEXT]
+    assert h.roles(h.requests()[1]) == ["user", "assistant", "tool", "user"]
+    types = await h.types(sid)
+    assert types.count("session.execution.started") == 2
+    assert types.count("session.execution.succeeded") == 1
+    assert await h.store.claims.current(sid) is None
+    assert (await sweep(h, temporal_env)).woken == ()
+
+
+async def test_the_resume_budget_ends_a_crash_looping_turn(
+    short_lease: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    h = short_lease
+    sid = await h.session([call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "x"}])
+    await abandon_mid_tool(h, sid)
+    async with h.store.db.write() as tx:
+        # Ten earlier deaths of this turn were already counted.
+        await tx.conn.execute(
+            sa.text(
+                "INSERT INTO session_recovery (session_id, execution_id, phase, wake_pending,"
+                " attempts, time_created) VALUES (:s, 'exec_earlier', 'unknown', false, 10, 0)"
+            ),
+            {"s": sid},
+        )
+    assert (await sweep(h, temporal_env)).woken == (sid,)
+    await h.until(lambda: _terminal(h, sid), timeout=30)
+    failed = next(e for e in await h.events(sid) if e.type == "session.execution.failed")
+    assert failed.data["error"] == {"type": "aborted", "message": BUDGET_MESSAGE, "status": None}
+    assert len(h.requests()) == 1
+
+
+async def _terminal(h: Harness, sid: str) -> bool:
+    return "session.execution.failed" in await h.types(sid)
+
+
+# --- worker processes ---------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    def __init__(self, env: WorkflowEnvironment, target: Target, task_queue: str, **env_vars: str):
+        address = env.client.service_client.config.target_host
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.workflows.worker_proc",
+                address,
+                task_queue,
+                target.url,
+                target.schema or "-",
+            ],
+            stdout=subprocess.PIPE,
+            env={**os.environ, **env_vars},
+            cwd=Path(__file__).parents[2],
+        )
+
+    async def ready(self) -> None:
+        assert self.process.stdout is not None
+        line = await asyncio.to_thread(self.process.stdout.readline)
+        assert line.strip() == b"ready", line
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.process.pid, sig)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def workers() -> AsyncIterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started  # type: ignore[misc]
+    for worker in started:
+        worker.stop()
+
+
+async def test_sigkill_during_a_tool_settles_the_call_exactly_once(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        first = WorkerProcess(temporal_env, target, h.client.task_queue)
+        workers.append(first)
+        await first.ready()
+        sid = await h.session(
+            [call("call_1", "sleep", until_file=h.gate_file("never"))], [{"text": "finished"}]
+        )
+        await h.client.prompt(sid, "Go")
+        await h.until(_tool_running(h, sid))
+        await asyncio.sleep(0.5)  # the tool is now executing inside the first worker
+        async with h.worker():  # a second worker joins, then the first one dies
+            first.signal(signal.SIGKILL)
+            await h.until(lambda: len(h.requests()) == 2, timeout=60)
+            await h.client.wait_idle(sid, timeout=60)
+    events = [e for e in await h.events(sid) if e.data.get("call_id") == "call_1"]
+    kinds = [e.type for e in events if not e.type.startswith("session.tool.input")]
+    assert kinds == ["session.tool.called", "session.tool.failed"]
+    assert events[-1].data["error"]["type"] == "tool.outcome-unknown"
+    assert (await h.types(sid))[-1] == "session.execution.succeeded"
+
+
+def _tool_running(h: Harness, sid: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        status = await h.client.status(sid)
+        return bool(status.drain and status.drain.running_tools)
+
+    return check
+
+
+async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        paused = WorkerProcess(
+            temporal_env, target, h.client.task_queue, SESSIONFLOW_LEASE_MS="1500"
+        )
+        workers.append(paused)
+        await paused.ready()
+        sid = await h.session([{"text": "x" * 400, "chunks": 400, "delay_ms": 20}])
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _deltas(h, sid, 20))
+        paused.signal(signal.SIGSTOP)
+        await h.until(lambda: _expired_any(h.store, sid), timeout=30)
+        stale = await h.store.claims.current(sid)
+        assert stale is not None
+        successor = await h.store.claims.acquire(sid, "exec_successor", "owner-successor")
+        taken_at = await h.store.events.latest_sequence(sid)
+        paused.signal(signal.SIGCONT)
+        # The resumed worker streams on, and its next flush is refused: the busy period ends.
+        await h.until(_idle(h, sid), timeout=30)
+        late = [e for e in await h.events(sid) if e.seq > taken_at]
+        assert late == [], [e.type for e in late]
+        assert successor.epoch == stale.epoch + 1
+        current = await h.store.claims.current(sid)
+        assert current is not None and current.execution_id == "exec_successor"
+
+
+def _idle(h: Harness, sid: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return not (await h.client.status(sid)).busy
+
+    return check
+
+
+async def _deltas(h: Harness, sid: str, count: int) -> bool:
+    return (await h.types(sid, deltas=True)).count("session.text.delta") >= count
+
+
+async def _expired_any(store: Store, sid: str) -> bool:
+    return sid in await store.claims.expired()

@@ -1,0 +1,27 @@
+"""The recovery sweep, run by a Temporal Schedule (every 30 s by default)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from sessionflow.models.drain import SweepInput, SweepResult
+
+
+@workflow.defn
+class RecoverySweep:
+    @workflow.run
+    async def run(self, request: SweepInput) -> SweepResult:
+        result: SweepResult = await workflow.execute_activity(
+            "sweep_recoverable",
+            request,
+            result_type=SweepResult,
+            start_to_close_timeout=timedelta(minutes=2),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            summary=f"wake up to {request.limit} abandoned sessions",
+        )
+        return result
