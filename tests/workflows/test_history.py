@@ -1,0 +1,168 @@
+"""Determinism and history hygiene: replay recorded histories, keep payloads small, bound runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from sessionflow.client import SESSION_ID_ATTRIBUTE
+from sessionflow.models.drain import DrainInput
+from store import Store
+from tests.conftest import temporal_binary
+from tests.workflows.harness import Harness, harness
+from workflows.session import SessionWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
+MAX_PAYLOAD_BYTES = 4096
+
+
+def call(call_id: str, name: str = "echo", **tool_input: object) -> dict[str, object]:
+    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
+
+
+REPRESENTATIVE = (
+    [
+        {"reasoning": "think", "metadata": {"signature": "s"}},
+        {"text": "Looking", "chunks": 4},
+        call("c1", text="a"),
+        call("c2", text="b"),
+        call("c3", "fail"),
+    ],
+    [{"error": {"kind": "transport", "message": "Disconnected"}}],
+    [{"text": "Done", "chunks": 2}],
+)
+
+
+@pytest.fixture
+async def h(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> AsyncIterator[Harness]:
+    async with harness(temporal_env.client, store, tmp_path) as running:
+        yield running
+
+
+async def run_representative(h: Harness) -> WorkflowHistory:
+    sid = await h.session(*REPRESENTATIVE)
+    await h.client.prompt(sid, "Go")
+    await h.client.wait_idle(sid, timeout=60)
+    return await h.client._handle(sid).fetch_history()
+
+
+def replayer(*workflows: type) -> Replayer:
+    return Replayer(workflows=list(workflows), data_converter=pydantic_data_converter)
+
+
+async def test_a_fresh_history_replays_and_its_payloads_stay_small(h: Harness) -> None:
+    history = await run_representative(h)
+    await replayer(SessionWorkflow).replay_workflow(history)
+    sizes = list(_payload_sizes(MessageToDict(history.events[0])))
+    for event in history.events[1:]:
+        sizes += _payload_sizes(MessageToDict(event))
+    assert sizes and max(sizes) < MAX_PAYLOAD_BYTES, max(sizes)
+    if os.environ.get("SESSIONFLOW_RECORD_HISTORIES"):
+        (HISTORIES / "representative.json").write_text(json.dumps(history.to_json_dict()))
+
+
+def _payload_sizes(node: Any) -> list[int]:
+    """Sizes of every payload's data (base64 in the JSON form) anywhere in an event."""
+    if isinstance(node, dict):
+        if "data" in node and "metadata" in node and isinstance(node["data"], str):
+            return [len(node["data"]) * 3 // 4]
+        return [size for value in node.values() for size in _payload_sizes(value)]
+    if isinstance(node, list):
+        return [size for value in node for size in _payload_sizes(value)]
+    return []
+
+
+def stored_histories() -> list[Path]:
+    return sorted(HISTORIES.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", stored_histories(), ids=lambda p: p.stem)
+async def test_recorded_histories_replay_with_the_current_workflow(path: Path) -> None:
+    history = WorkflowHistory.from_json("session-recorded", json.loads(path.read_text()))
+    await replayer(SessionWorkflow).replay_workflow(history)
+
+
+@workflow.defn(name="SessionWorkflow")
+class ReorderedSessionWorkflow(SessionWorkflow):
+    """A negative control: checks inputs before claiming, which changes the command order."""
+
+    @workflow.run
+    async def run(self, input: DrainInput) -> None:
+        await super().run(input)
+
+    async def _acquire(self, period: int) -> Any:
+        await workflow.execute_activity(
+            "pending_inputs", None, start_to_close_timeout=timedelta(seconds=5)
+        )
+        return await super()._acquire(period)
+
+
+@pytest.mark.parametrize("path", stored_histories(), ids=lambda p: p.stem)
+async def test_a_reordered_workflow_fails_replay(path: Path) -> None:
+    history = WorkflowHistory.from_json("session-recorded", json.loads(path.read_text()))
+    result = await replayer(ReorderedSessionWorkflow).replay_workflow(
+        history, raise_on_replay_failure=False
+    )
+    assert result.replay_failure is not None
+    assert "nondetermin" in str(result.replay_failure).lower()
+
+
+def test_histories_are_recorded() -> None:
+    assert stored_histories(), "record with SESSIONFLOW_RECORD_HISTORIES=1"
+
+
+# --- continue-as-new ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def small_history_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=[SESSION_ID_ATTRIBUTE],
+        dev_server_log_level="error",
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            "limit.historyCount.suggestContinueAsNew=40",
+        ],
+    )
+    yield env
+    await env.shutdown()
+
+
+async def test_continue_as_new_keeps_queued_inputs_and_wakes(
+    small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    async with harness(small_history_env.client, store, tmp_path) as h:
+        sid = await h.session(*[[{"text": f"answer {i}"}] for i in range(5)])
+        handle = h.client._handle(sid)
+        await h.client.prompt(sid, "first")
+        await h.client.wait_idle(sid, timeout=30)
+        first_run = (await handle.describe()).run_id
+        for i in range(2, 6):
+            await h.client.prompt(sid, f"prompt {i}", delivery="queue")
+        await h.until(lambda: len(h.requests()) == 5, timeout=60)
+        await h.client.wait_idle(sid, timeout=30)
+        assert (await handle.describe()).run_id != first_run
+        users = [
+            m["content"][0]["text"] for m in h.requests()[-1]["messages"] if m["role"] == "user"
+        ]
+        assert users == ["first", "prompt 2", "prompt 3", "prompt 4", "prompt 5"]
+        types = await h.types(sid)
+        assert types.count("session.execution.started") == types.count(
+            "session.execution.succeeded"
+        )
