@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import timedelta
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
