@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)
-	$(PY) -m sessionflow.demo
+	$(VENV)/bin/sessionflow demo
 
 bench: $(STAMP)
 	$(PY) bench/store.py

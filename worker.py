@@ -35,6 +35,7 @@ from activities.session import SessionActivities
 from activities.sweep import SweepActivities
 from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
+from activities.tools.builtin import default_registry
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
 from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
@@ -47,11 +48,22 @@ log = logging.getLogger("sessionflow.worker")
 
 
 def tools_from_env() -> ToolRegistry:
-    """``SESSIONFLOW_TOOLS``: ``testing`` gives the test tools (echo, sleep, fail, defect)."""
-    choice = os.environ.get("SESSIONFLOW_TOOLS", "testing")
-    if choice != "testing":
-        raise SystemExit(f"SESSIONFLOW_TOOLS={choice!r}: known values are 'testing'")
-    return testing_registry()
+    """``SESSIONFLOW_TOOLS``: ``builtin`` (default: read, write, edit, list, glob, grep, bash),
+    ``testing`` (echo, sleep, fail, defect), or both, comma-separated."""
+    registry = ToolRegistry()
+    for choice in os.environ.get("SESSIONFLOW_TOOLS", "builtin").split(","):
+        source = {"builtin": default_registry, "testing": testing_registry}.get(choice.strip())
+        if source is None:
+            raise SystemExit(
+                f"SESSIONFLOW_TOOLS={choice!r}: use builtin, testing, or builtin,testing"
+            )
+        for tool in source().tools():
+            registry.register(tool)
+    return registry
+
+
+def demo_tools() -> ToolRegistry:
+    return default_registry()
 
 
 def identity() -> str:
@@ -95,7 +107,7 @@ def build_worker(
     graceful_shutdown: timedelta = timedelta(seconds=15),
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults"."""
-    runtime = Runtime(store=store, tools=tools or testing_registry(), providers=providers)
+    runtime = Runtime(store=store, tools=tools or default_registry(), providers=providers)
     return Worker(
         client,
         task_queue=task_queue,

@@ -156,6 +156,7 @@ class SessionClient:
         return await self.store.sessions.list(**filters)
 
     async def messages(self, session_id: str) -> list[Message]:
+        await self.store.sessions.get(session_id)  # unknown sessions are an error, not empty
         return await self.store.sessions.messages(session_id)
 
     # --- control --------------------------------------------------------------------------------
@@ -233,6 +234,7 @@ class SessionClient:
         return bool(result.accepted)
 
     async def status(self, session_id: str) -> SessionStatus:
+        await self.store.sessions.get(session_id)
         pending = len(await self.store.inputs.pending(session_id))
         drain: DrainStatus | None = None
         try:

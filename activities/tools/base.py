@@ -80,5 +80,8 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def tools(self) -> list[Tool[Any]]:
+        return list(self._tools.values())
+
     def specs(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self._tools.values()]

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from temporalio.testing import WorkflowEnvironment
 
-from store import Store
-from tests.workflows.harness import Harness, harness
-
-
-@pytest.fixture
-async def h(
-    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
-) -> AsyncIterator[Harness]:
-    async with harness(temporal_env.client, store, tmp_path) as running:
-        yield running
+from tests.workflows.harness import Harness
 
 
 async def test_a_prompt_runs_one_plain_text_turn(h: Harness) -> None:

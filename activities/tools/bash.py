@@ -1,0 +1,240 @@
+"""``bash``: one shell command in the workspace, in its own process group, with a timeout.
+
+The command's group dies with its call: at the timeout, when the call is cancelled (an interrupt,
+a lost claim, worker shutdown) and when the shell exits leaving background jobs behind (a command
+cannot outlive its call; ``sleep 1000 &`` is killed). SIGTERM first, SIGKILL after a grace period
+(``process.kill_group``); the shell itself is always awaited, so it never stays a zombie.
+
+Output (stdout and stderr, merged) is read as it comes so a flood cannot block the command; the
+first ``output_cap`` bytes are kept and the rest only counted. Files the command changed are
+found by snapshotting the workspace around it (``changes.py``, protected paths skipped) and
+returned as ``output_paths``.
+
+Not a sandbox: a command can read and write anything the worker's user can. Confinement holds
+for the file tools; ``bash`` only starts in the workspace and does not see the engine's own
+environment variables (``ToolSettings.hidden_env``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from pydantic import BaseModel, Field
+
+from activities.tools import process
+from activities.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
+from activities.tools.changes import changed, snapshot
+from activities.tools.output import normalize, text_output
+from activities.tools.paths import Workspace
+from activities.tools.settings import ToolSettings
+
+_CHUNK = 65536
+_PROGRESS_TAIL = 2000
+# After the group is dead the pipe closes at once, unless a process that left the session holds it.
+_DRAIN_SECONDS = 1.0
+_QUIET_ENV = {
+    "TERM": "dumb",
+    "NO_COLOR": "1",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",
+}
+
+
+@dataclass
+class Run:
+    """What a command did; ``output`` holds at most the capture limit."""
+
+    capture: int
+    output: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    killed_background: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.capture - len(self.output)
+        if room > 0:
+            self.output += chunk[:room]
+
+
+OnOutput = Callable[[Run, bytes], Awaitable[None]]
+
+
+async def _read(stream: asyncio.StreamReader, run: Run, on_output: OnOutput) -> None:
+    while chunk := await stream.read(_CHUNK):
+        run.add(chunk)
+        await on_output(run, chunk)
+        await asyncio.sleep(0)  # a flood must not starve the timeout and the heartbeats
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace: float) -> None:
+    await process.kill_group(proc.pid, grace)
+    await proc.wait()
+
+
+async def _stop_shielded(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """Kill and reap even while being cancelled; a second cancel gets SIGKILL at once."""
+    stopping = asyncio.ensure_future(_stop(proc, grace))
+    try:
+        await asyncio.shield(stopping)
+    except asyncio.CancelledError:
+        process.signal_all(proc.pid, signal.SIGKILL)
+        raise
+
+
+async def _supervise(
+    proc: asyncio.subprocess.Process, run: Run, limit: float, grace: float, on_output: OnOutput
+) -> None:
+    assert proc.stdout is not None
+    reader = asyncio.create_task(_read(proc.stdout, run, on_output))
+    try:
+        try:
+            run.exit_code = await asyncio.wait_for(proc.wait(), limit)
+        except TimeoutError:
+            run.timed_out = True
+        run.killed_background = not run.timed_out and process.alive(proc.pid)
+        await _stop(proc, grace)
+        run.exit_code = proc.returncode
+        with_timeout = asyncio.wait_for(asyncio.shield(reader), _DRAIN_SECONDS)
+        await asyncio.gather(with_timeout, return_exceptions=True)
+    finally:
+        reader.cancel()
+
+
+async def run_command(
+    argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    time_limit: float,
+    capture: int,
+    grace: float,
+    on_output: OnOutput,
+) -> Run:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    process.track(proc.pid)
+    run = Run(capture)
+    try:
+        await _supervise(proc, run, time_limit, grace, on_output)
+    except BaseException:
+        await _stop_shielded(proc, grace)
+        raise
+    finally:
+        process.untrack(proc.pid)
+    return run
+
+
+def command_env(hidden: tuple[str, ...]) -> dict[str, str]:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not any(fnmatchcase(name, pattern) for pattern in hidden)
+    }
+    return env | _QUIET_ENV
+
+
+class BashInput(BaseModel):
+    command: str = Field(min_length=1, description="Shell command, run with bash -c")
+    timeout: float | None = Field(
+        default=None, gt=0, description="Seconds before the command is killed (default 120)"
+    )
+    description: str = Field(default="", description="What the command does, in a few words")
+
+
+class Bash(Tool[BashInput]):
+    name = "bash"
+    description = (
+        "Run a shell command in the workspace directory. stdout and stderr are merged and "
+        "capped. The command and everything it started are killed at the timeout; background "
+        "processes do not outlive the call."
+    )
+    input_model = BashInput
+    retry_safe = False
+
+    def __init__(self, settings: ToolSettings | None = None) -> None:
+        self.settings = settings or ToolSettings()
+
+    async def execute(self, input: BashInput, context: ToolContext) -> ToolOutput:
+        if "\0" in input.command:
+            raise ToolFailure("The command contains a NUL byte")
+        s = self.settings
+        timeout = min(input.timeout or s.bash_timeout, s.bash_max_timeout)
+        root = str(context.workspace)
+        cwd = await asyncio.to_thread(_real_root, root, s)
+        before = await asyncio.to_thread(snapshot, root, s)
+        run = await run_command(
+            [s.shell, "-c", input.command],
+            cwd=cwd,
+            env=command_env(s.hidden_env),
+            time_limit=timeout,
+            capture=s.output_cap,
+            grace=s.kill_grace,
+            on_output=self._progress(context),
+        )
+        after = await asyncio.to_thread(snapshot, root, s) if before is not None else None
+        paths = changed(before, after) if before is not None and after is not None else ()
+        return self._render(run, timeout, paths, tracked=after is not None)
+
+    def _progress(self, context: ToolContext) -> OnOutput:
+        last = time.monotonic()
+
+        async def report(run: Run, chunk: bytes) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last < self.settings.progress_interval:
+                return
+            last = now
+            elapsed = round(now - run.started, 3)
+            tail = normalize(chunk[-_PROGRESS_TAIL:])
+            await context.progress({"output_bytes": run.total, "elapsed_s": elapsed}, tail)
+
+        return report
+
+    def _render(
+        self, run: Run, timeout: float, paths: tuple[str, ...], *, tracked: bool
+    ) -> ToolOutput:
+        return text_output(
+            bytes(run.output) if run.output else b"(no output)",
+            self.settings.output_cap,
+            omitted=run.total - len(run.output),
+            suffix=_notes(run, timeout),
+            paths=paths,
+            exit_code=run.exit_code,
+            timed_out=run.timed_out,
+            killed_background=run.killed_background,
+            output_bytes=run.total,
+            files_tracked=tracked,
+        )
+
+
+def _notes(run: Run, timeout: float) -> str:
+    notes = []
+    if run.timed_out:
+        notes.append(f"killed: no exit within {timeout:g}s; its process group was terminated")
+    elif run.exit_code:
+        notes.append(f"exit code {run.exit_code}")
+    if run.killed_background:
+        notes.append("background processes it left running were killed")
+    return "\n[" + "; ".join(notes) + "]" if notes else ""
+
+
+def _real_root(root: str, settings: ToolSettings) -> str:
+    with Workspace(root, settings) as workspace:
+        return workspace.real

@@ -1,0 +1,128 @@
+"""Render a session's stored events in a terminal (or as JSON lines for scripts)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from sessionflow.client import ClientEvent
+
+TERMINALS = frozenset(
+    {
+        "session.execution.succeeded",
+        "session.execution.failed",
+        "session.execution.interrupted",
+    }
+)
+
+
+class Renderer:
+    """Streams text as it arrives, reasoning dimmed, tools with their durations, step usage."""
+
+    def __init__(self, console: Console, *, as_json: bool = False) -> None:
+        self.console = console
+        self.as_json = as_json
+        self.prompts: dict[str, str] = {}
+        self.tools: dict[str, tuple[str, float]] = {}
+        self.open_line = False
+
+    def render(self, event: ClientEvent) -> None:
+        if self.as_json:
+            record = {
+                "seq": event.seq,
+                "id": event.id,
+                "type": event.type,
+                "created": event.created,
+            }
+            print(json.dumps({**record, "data": event.data}, ensure_ascii=False), flush=True)
+            return
+        handler = getattr(self, "_" + event.type.removeprefix("session.").replace(".", "_"), None)
+        if handler is not None:
+            handler(event.data)
+
+    def _write(self, text: str, style: str | None = None) -> None:
+        self.console.print(text, style=style, end="", markup=False, highlight=False)
+        self.open_line = not text.endswith("\n")
+
+    def _line(self, markup: str) -> None:
+        if self.open_line:
+            self.console.print()
+            self.open_line = False
+        self.console.print(markup, highlight=False)
+
+    def _prompt_admitted(self, data: dict[str, Any]) -> None:
+        self.prompts[data["input_id"]] = data["prompt"]["text"]
+
+    def _prompt_promoted(self, data: dict[str, Any]) -> None:
+        text = self.prompts.get(data["input_id"], "")
+        self._line(f"[bold cyan]you[/] {escape(text)}")
+
+    def _step_started(self, data: dict[str, Any]) -> None:
+        model = data["model"]
+        self._line(f"[bold magenta]assistant[/] [dim]{model['provider_id']}/{model['id']}[/]")
+
+    def _text_delta(self, data: dict[str, Any]) -> None:
+        self._write(data["delta"])
+
+    def _reasoning_delta(self, data: dict[str, Any]) -> None:
+        self._write(data["delta"], style="dim italic")
+
+    def _text_ended(self, data: dict[str, Any]) -> None:
+        self._end_line()
+
+    def _reasoning_ended(self, data: dict[str, Any]) -> None:
+        self._end_line()
+
+    def _end_line(self) -> None:
+        if self.open_line:
+            self.console.print()
+            self.open_line = False
+
+    def _tool_called(self, data: dict[str, Any]) -> None:
+        self.tools[data["call_id"]] = (data["name"], time.monotonic())
+        summary = json.dumps(data["input"], ensure_ascii=False)
+        summary = summary if len(summary) <= 80 else summary[:77] + "..."
+        hosted = " [dim](provider)[/]" if data.get("executed") else ""
+        self._line(f"[yellow]▶ {escape(data['name'])}[/]{hosted} [dim]{escape(summary)}[/]")
+
+    def _tool_success(self, data: dict[str, Any]) -> None:
+        name, elapsed = self._finished(data["call_id"])
+        self._line(f"[green]✓ {escape(name)}[/] [dim]{elapsed}[/]")
+
+    def _tool_failed(self, data: dict[str, Any]) -> None:
+        name, elapsed = self._finished(data["call_id"])
+        error = data["error"]
+        self._line(f"[red]✗ {escape(name)}[/] [dim]{elapsed}[/] {escape(error['message'])}")
+
+    def _finished(self, call_id: str) -> tuple[str, str]:
+        name, started = self.tools.pop(call_id, (call_id, time.monotonic()))
+        return name, f"{(time.monotonic() - started) * 1000:.0f} ms"
+
+    def _step_ended(self, data: dict[str, Any]) -> None:
+        tokens = data.get("tokens") or {}
+        self._line(
+            f"[dim]· {data['finish']} · {tokens.get('input', 0)} in / {tokens.get('output', 0)} "
+            f"out · ${data.get('cost', 0):.4f}[/]"
+        )
+
+    def _step_failed(self, data: dict[str, Any]) -> None:
+        error = data["error"]
+        self._line(f"[red]step failed[/] [dim]{error['type']}[/] {escape(error['message'])}")
+
+    def _retry_scheduled(self, data: dict[str, Any]) -> None:
+        self._line(
+            f"[yellow]retrying[/] attempt {data['attempt']}: {escape(data['error']['message'])}"
+        )
+
+    def _execution_succeeded(self, data: dict[str, Any]) -> None:
+        self._line("[green]● idle[/]")
+
+    def _execution_failed(self, data: dict[str, Any]) -> None:
+        self._line(f"[red]● failed[/] {escape(data['error']['message'])}")
+
+    def _execution_interrupted(self, data: dict[str, Any]) -> None:
+        self._line(f"[yellow]● interrupted[/] ({escape(data.get('reason') or 'user')})")

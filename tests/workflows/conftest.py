@@ -1,0 +1,20 @@
+"""Drain test fixtures: ``h``, a harness on a real Temporal dev server, on both databases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from store import Store
+from tests.workflows.harness import Harness, harness
+
+
+@pytest.fixture
+async def h(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> AsyncIterator[Harness]:
+    async with harness(temporal_env.client, store, tmp_path) as running:
+        yield running
