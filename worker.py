@@ -38,6 +38,7 @@ from activities.tools.base import ToolRegistry
 from activities.tools.builtin import default_registry
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
+from sessionflow import telemetry
 from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
 from sessionflow.settings import Settings
 from store import Store, open_store
@@ -76,6 +77,7 @@ async def connect(address: str, namespace: str = "default") -> Client:
         namespace=namespace,
         data_converter=pydantic_data_converter,
         identity=identity(),
+        interceptors=telemetry.interceptors(),
     )
 
 
@@ -141,6 +143,7 @@ async def ensure_sweep_schedule(
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings.from_env()
+    telemetry.configure(settings.otel_exporter)
     address = os.environ.get("SESSIONFLOW_TEMPORAL_ADDRESS", "127.0.0.1:7233")
     task_queue = os.environ.get("SESSIONFLOW_TASK_QUEUE", TASK_QUEUE)
     namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")

@@ -16,6 +16,7 @@ from temporalio import activity
 
 from activities.runtime import Runtime, heartbeating, to_claim, translated
 from activities.tools.base import ToolContext, ToolFailure, ToolOutput
+from sessionflow import telemetry
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, TextContent
 from sessionflow.models.drain import ToolInput, ToolOutcome
@@ -30,6 +31,13 @@ class ToolActivities:
 
     @activity.defn
     async def run_tool(self, request: ToolInput) -> ToolOutcome:
+        attributes = {"tool": request.name, "call.id": request.call_id}
+        with telemetry.tracer().start_as_current_span("tool.run", attributes=attributes) as span:
+            outcome = await self._run(request)
+            span.set_attribute("outcome", outcome.status)
+            return outcome
+
+    async def _run(self, request: ToolInput) -> ToolOutcome:
         claim = to_claim(request.claim)
         async with translated(), heartbeating(self.rt.store, request.claim):
             part, workspace = await self._part(claim, request)

@@ -23,6 +23,7 @@ from activities.history import (
 from activities.providers import base as p
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import Runtime, heartbeating, to_claim, translated
+from sessionflow import telemetry
 from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolReady, TurnInput, TurnResult, workflow_id
@@ -62,7 +63,22 @@ class TurnActivities:
             if request.retry > 0:
                 publisher.start_assistant()  # a retry re-announces the same assistant message
             stream = _Stream(self.rt, claim, request, publisher, last_step)
-            return await stream.run(provider_request, step)
+            attributes: dict[str, str | int] = {
+                "session.id": claim.session_id,
+                "model": str(session.model),
+                "step": step,
+            }
+            with telemetry.tracer().start_as_current_span(
+                "provider.turn", attributes=attributes
+            ) as span:
+                result = await stream.run(provider_request, step)
+                tokens = result.tokens
+                span.set_attribute("finish", result.finish or "none")
+                span.set_attribute("tokens.input", tokens.input if tokens else 0)
+                span.set_attribute("tokens.output", tokens.output if tokens else 0)
+                span.set_attribute("cost", result.cost)
+                span.set_attribute("tool_calls", len(result.calls))
+            return result
 
     async def _promote(self, claim: Claim, request: TurnInput) -> bool:
         store = self.rt.store

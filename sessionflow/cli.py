@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from sessionflow import telemetry
 from sessionflow.client import SessionClient
 from sessionflow.errors import SessionflowError
 from sessionflow.models.common import Delivery
@@ -77,19 +78,16 @@ def run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 @asynccontextmanager
 async def session_client() -> AsyncIterator[SessionClient]:
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
+    from sessionflow.devstack import connect
 
-    try:
-        temporal = await asyncio.wait_for(
-            Client.connect(Options.address, data_converter=pydantic_data_converter), 5
-        )
-    except Exception as error:
+    telemetry.configure(Settings.from_env().otel_exporter)
+    temporal = await connect(Options.address, seconds=5)
+    if temporal is None:
         raise fail(
-            f"no Temporal server at {Options.address} ({error.__class__.__name__}). "
+            f"no Temporal server at {Options.address}. "
             f"Start one with `sessionflow dev`, or pass --temporal HOST:PORT.",
             UNREACHABLE,
-        ) from None
+        )
     client = await SessionClient.connect(
         client=temporal, database_url=Options.database_url, task_queue=Options.task_queue
     )

@@ -25,6 +25,7 @@ from temporalio.common import (
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
+from sessionflow import telemetry
 from sessionflow.ids import validate_id
 from sessionflow.models.common import Delivery, ModelRef, Prompt
 from sessionflow.models.drain import (
@@ -97,7 +98,10 @@ class SessionClient:
     ) -> SessionClient:
         if client is None:
             client = await Client.connect(
-                temporal_address, namespace=namespace, data_converter=pydantic_data_converter
+                temporal_address,
+                namespace=namespace,
+                data_converter=pydantic_data_converter,
+                interceptors=telemetry.interceptors(),
             )
         if store is None:
             settings = Settings.from_env()
@@ -179,7 +183,7 @@ class SessionClient:
         return receipt
 
     async def wake(self, session_id: str, *, input_id: str | None = None) -> None:
-        validate_id(session_id)
+        info = await self.store.sessions.get(session_id)
         await self.temporal.start_workflow(
             WORKFLOW_TYPE,
             DrainInput(session_id=session_id),
@@ -188,12 +192,12 @@ class SessionClient:
             start_signal="wake",
             start_signal_args=[WakeSignal(input_id=input_id)],
             search_attributes=_attributes(session_id),
-            static_summary=f"session {session_id}",
+            static_summary=_summary(info),
         )
 
     async def resume(self, session_id: str) -> Outcome:
         """Run the session (force) or join its running busy period; returns its outcome."""
-        await self.store.sessions.get(session_id)
+        info = await self.store.sessions.get(session_id)
         operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WORKFLOW_TYPE,
             DrainInput(session_id=session_id),
@@ -201,7 +205,7 @@ class SessionClient:
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=_attributes(session_id),
-            static_summary=f"session {session_id}",
+            static_summary=_summary(info),
         )
         outcome = await self.temporal.execute_update_with_start_workflow(
             "resume",
@@ -269,6 +273,11 @@ class SessionClient:
 
     def _handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(workflow_id(validate_id(session_id)))
+
+
+def _summary(info: SessionInfo) -> str:
+    """The drain's static summary in the Temporal UI: which session, model and workspace."""
+    return f"session {info.id} · {info.model or 'no model'} · {info.directory}"
 
 
 def _attributes(session_id: str) -> TypedSearchAttributes:

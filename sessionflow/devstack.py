@@ -23,6 +23,8 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from sessionflow import telemetry
+
 STATE_DIR = Path(".sessionflow")
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 DEFAULT_UI_PORT = 8233
@@ -62,7 +64,12 @@ def temporal_cli() -> str:
 async def connect(address: str, *, seconds: float = 2.0) -> Client | None:
     try:
         return await asyncio.wait_for(
-            Client.connect(address, data_converter=pydantic_data_converter), seconds
+            Client.connect(
+                address,
+                data_converter=pydantic_data_converter,
+                interceptors=telemetry.interceptors(),
+            ),
+            seconds,
         )
     except Exception:
         return None

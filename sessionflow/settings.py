@@ -9,12 +9,14 @@ Environment variables (all optional):
 - ``SESSIONFLOW_MAX_EVENT_BYTES``: largest encoded event payload accepted (default 4 MiB).
 - ``SESSIONFLOW_POLL_INTERVAL_MS``: how often followers poll when no doorbell rings
   (default 100 on SQLite, 1000 on PostgreSQL where LISTEN/NOTIFY is the doorbell).
+- ``SESSIONFLOW_OTEL_EXPORTER``: ``none`` (default), ``console`` or ``otlp``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +30,7 @@ class Settings(BaseModel):
     lease_ms: int = Field(default=30_000, ge=1_000)
     max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     poll_interval_ms: int | None = Field(default=None, ge=10)
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -38,6 +41,7 @@ class Settings(BaseModel):
             ("lease_ms", "SESSIONFLOW_LEASE_MS"),
             ("max_event_bytes", "SESSIONFLOW_MAX_EVENT_BYTES"),
             ("poll_interval_ms", "SESSIONFLOW_POLL_INTERVAL_MS"),
+            ("otel_exporter", "SESSIONFLOW_OTEL_EXPORTER"),
         ):
             if env.get(name):
                 values[field] = env[name]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry import trace
+
 from sessionflow.models.events import Event
 from sessionflow.settings import Settings
 from store import projector
@@ -16,6 +18,8 @@ from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs
 from store.notify import Notifier
 from store.sessions import Sessions
+
+_tracer = trace.get_tracer("sessionflow.store")
 
 
 @dataclass
@@ -39,6 +43,13 @@ class Store:
         """
         if not events:
             return []
+        attributes: dict[str, str | int] = {"session.id": claim.session_id, "events": len(events)}
+        with _tracer.start_as_current_span("store.append", attributes=attributes):
+            return await self._append(claim, events, step_attempt)
+
+    async def _append(
+        self, claim: Claim, events: Sequence[Event], step_attempt: int | None
+    ) -> list[StoredEvent]:
         if any(self.events.has_projector(type(e)) for e in events) or (
             len({e.aggregate_id for e in events}) > 1
         ):

@@ -144,13 +144,33 @@ class SessionWorkflow:
         self.outcomes: dict[int, Outcome] = {}
         self.drain_task: asyncio.Task[None] | None = None
         self.claim: ClaimRef | None = None
-        self.phase = "idle"
+        self._phase = "idle"
         self.step = 0
         self.attempts = 0
         self.semaphore = asyncio.Semaphore(8)
         self.current_assistant: str | None = None
         self.tool_tasks: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
         self.running: dict[str, RunningTool] = {}
+
+    # --- what the Temporal UI shows ---------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        self._show_details()
+
+    def _show_details(self) -> None:
+        """Keep the UI's current details in step with the drain: phase, step, running tools."""
+        details = f"**{self._phase}**"
+        if self.busy and self.step:
+            details += f" · step {self.step} · turn {self.turns + 1}"
+        if self.running:
+            details += " · running " + ", ".join(t.name for t in self.running.values())
+        workflow.set_current_details(details)
 
     # --- handlers -------------------------------------------------------------------------------
 
@@ -406,6 +426,7 @@ class SessionWorkflow:
             self.running[request.call_id] = RunningTool(
                 call_id=request.call_id, name=request.name, started_at=workflow.now().isoformat()
             )
+            self._show_details()
             try:
                 summary = f"{request.name} {request.call_id}"
                 return await call("run_tool", request, ToolOutcome, summary, TOOL)
@@ -417,6 +438,7 @@ class SessionWorkflow:
                 )
             finally:
                 self.running.pop(request.call_id, None)
+                self._show_details()
 
     async def _abort_step(self, claim: ClaimRef, turn: TurnResult) -> None:
         """Interrupted: stop the tools, then settle the step durably (one ``step.failed``)."""

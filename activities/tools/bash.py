@@ -36,7 +36,8 @@ from activities.tools.settings import ToolSettings
 
 _CHUNK = 65536
 _PROGRESS_TAIL = 2000
-# After the group is dead the pipe closes at once, unless a process that left the session holds it.
+# Once the group is dead its output pipe drains at once, unless a process that left the
+# session (setsid) still holds it; we stop reading then.
 _DRAIN_SECONDS = 1.0
 _QUIET_ENV = {
     "TERM": "dumb",
@@ -91,21 +92,40 @@ async def _stop_shielded(proc: asyncio.subprocess.Process, grace: float) -> None
         raise
 
 
+async def _open_pipe() -> tuple[asyncio.StreamReader, asyncio.BaseTransport, int]:
+    """Our own pipe for the command's output, so that waiting for the shell never waits for
+    every holder of its stdout to close it (asyncio's ``wait`` does, with ``PIPE``)."""
+    read_end, write_end = os.pipe()
+    reader = asyncio.StreamReader(limit=_CHUNK * 4)
+    loop = asyncio.get_running_loop()
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", buffering=0)
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    return reader, transport, write_end
+
+
 async def _supervise(
-    proc: asyncio.subprocess.Process, run: Run, limit: float, grace: float, on_output: OnOutput
+    proc: asyncio.subprocess.Process,
+    stream: asyncio.StreamReader,
+    run: Run,
+    limit: float,
+    grace: float,
+    on_output: OnOutput,
 ) -> None:
-    assert proc.stdout is not None
-    reader = asyncio.create_task(_read(proc.stdout, run, on_output))
+    reader = asyncio.create_task(_read(stream, run, on_output))
     try:
         try:
-            run.exit_code = await asyncio.wait_for(proc.wait(), limit)
+            await asyncio.wait_for(proc.wait(), limit)
         except TimeoutError:
             run.timed_out = True
         run.killed_background = not run.timed_out and process.alive(proc.pid)
         await _stop(proc, grace)
         run.exit_code = proc.returncode
-        with_timeout = asyncio.wait_for(asyncio.shield(reader), _DRAIN_SECONDS)
-        await asyncio.gather(with_timeout, return_exceptions=True)
+        await asyncio.wait([reader], timeout=_DRAIN_SECONDS)
     finally:
         reader.cancel()
 
@@ -120,19 +140,36 @@ async def run_command(
     grace: float,
     on_output: OnOutput,
 ) -> Run:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=cwd,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    process.track(proc.pid)
-    run = Run(capture)
+    stream, transport, write_end = await _open_pipe()
     try:
-        await _supervise(proc, run, time_limit, grace, on_output)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=write_end,
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_end)
+        return await _supervised(proc, stream, Run(capture), time_limit, grace, on_output)
+    finally:
+        transport.close()
+
+
+async def _supervised(
+    proc: asyncio.subprocess.Process,
+    stream: asyncio.StreamReader,
+    run: Run,
+    limit: float,
+    grace: float,
+    on_output: OnOutput,
+) -> Run:
+    process.track(proc.pid)
+    try:
+        await _supervise(proc, stream, run, limit, grace, on_output)
     except BaseException:
         await _stop_shielded(proc, grace)
         raise

@@ -80,5 +80,8 @@ def text_output(
     text, cut = clip(body, cap, omitted=omitted)
     if cut:
         structured["truncated_bytes"] = cut
-    content = (TextContent(text=text + normalize(suffix)),)
+    suffix = normalize(suffix)
+    if text.endswith("\n") and suffix.startswith("\n"):
+        suffix = suffix[1:]
+    content = (TextContent(text=text + suffix),)
     return ToolOutput(structured=structured, content=content, output_paths=paths)

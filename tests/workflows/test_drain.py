@@ -440,3 +440,25 @@ async def test_a_wake_racing_a_failure_starts_exactly_one_successor(h: Harness) 
     assert types.count("session.execution.started") == 2
     assert types.count("session.execution.failed") == 1
     assert types.count("session.execution.succeeded") == 1
+
+
+async def test_the_temporal_ui_shows_the_session_and_its_current_work(h: Harness) -> None:
+    sid = await h.session([call("call_1", "gate", gate=h.gate_file("ui"))], [{"text": "x"}])
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    handle = h.client._handle(sid)
+    summary = await (await handle.describe()).static_summary()
+    assert summary is not None and sid in summary and "scripted/" in summary
+    assert str(h.workspace) in summary
+    metadata = await handle.query("__temporal_workflow_metadata")
+    assert "running gate" in metadata.current_details
+    history = await handle.fetch_history()
+    summaries = [
+        e.user_metadata.summary.data.decode()
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert any("turn 1 · step 1" in s for s in summaries)
+    assert any("gate call_1" in s for s in summaries)
+    h.open_gate("ui")
+    await h.client.wait_idle(sid)
