@@ -39,6 +39,7 @@ from activities.tools.builtin import default_registry
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
 from sessionflow import telemetry
+from sessionflow.devstack import ensure_search_attribute
 from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
 from sessionflow.settings import Settings
 from store import Store, open_store
@@ -46,6 +47,19 @@ from workflows.session import SessionWorkflow
 from workflows.sweep import RecoverySweep
 
 log = logging.getLogger("sessionflow.worker")
+
+
+async def connect_patiently(address: str, namespace: str, *, seconds: float = 120) -> Client:
+    """Connect, waiting for a Temporal server that is still starting (a cluster coming up)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            return await connect(address, namespace)
+        except RuntimeError as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise SystemExit(f"No Temporal server at {address}: {error}") from None
+            log.info("waiting for Temporal at %s: %s", address, error)
+            await asyncio.sleep(2)
 
 
 def tools_from_env() -> ToolRegistry:
@@ -148,7 +162,8 @@ async def main() -> None:
     task_queue = os.environ.get("SESSIONFLOW_TASK_QUEUE", TASK_QUEUE)
     namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")
     store = await open_store(settings=settings)
-    client = await connect(address, namespace)
+    client = await connect_patiently(address, namespace)
+    await ensure_search_attribute(client, namespace)
     worker = build_worker(client, store, task_queue=task_queue, tools=tools_from_env())
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()
