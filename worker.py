@@ -36,6 +36,8 @@ from activities.sweep import SweepActivities
 from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
 from activities.tools.builtin import default_registry
+from activities.tools.process import kill_running
+from activities.tools.settings import ToolSettings, database_paths, platform_protected
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
 from sessionflow import telemetry
@@ -62,23 +64,33 @@ async def connect_patiently(address: str, namespace: str, *, seconds: float = 12
             await asyncio.sleep(2)
 
 
-def tools_from_env() -> ToolRegistry:
+def tools_from_env(settings: Settings | None = None) -> ToolRegistry:
     """``SESSIONFLOW_TOOLS``: ``builtin`` (default: read, write, edit, list, glob, grep, bash),
     ``testing`` (echo, sleep, fail, defect), or both, comma-separated."""
     registry = ToolRegistry()
     for choice in os.environ.get("SESSIONFLOW_TOOLS", "builtin").split(","):
-        source = {"builtin": default_registry, "testing": testing_registry}.get(choice.strip())
-        if source is None:
+        if choice.strip() == "builtin":
+            tools = builtin_tools(settings)
+        elif choice.strip() == "testing":
+            tools = testing_registry().tools()
+        else:
             raise SystemExit(
                 f"SESSIONFLOW_TOOLS={choice!r}: use builtin, testing, or builtin,testing"
             )
-        for tool in source().tools():
+        for tool in tools:
             registry.register(tool)
     return registry
 
 
-def demo_tools() -> ToolRegistry:
-    return default_registry()
+def builtin_tools(settings: Settings | None = None) -> list[Any]:
+    """The built-ins, protecting the store's own SQLite files wherever they are."""
+    url = (settings or Settings.from_env()).database_url
+    protected = (*platform_protected(), *database_paths(url))
+    return default_registry(ToolSettings(protected_paths=protected)).tools()
+
+
+def demo_tools(settings: Settings | None = None) -> ToolRegistry:
+    return ToolRegistry(builtin_tools(settings))
 
 
 def identity() -> str:
@@ -164,7 +176,7 @@ async def main() -> None:
     store = await open_store(settings=settings)
     client = await connect_patiently(address, namespace)
     await ensure_search_attribute(client, namespace)
-    worker = build_worker(client, store, task_queue=task_queue, tools=tools_from_env())
+    worker = build_worker(client, store, task_queue=task_queue, tools=tools_from_env(settings))
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -174,6 +186,8 @@ async def main() -> None:
     async with worker:
         await stop.wait()
         log.info("shutting down")
+    # Temporal's cancellation already ended running tools; this is the backstop.
+    kill_running()
     await store.close()
 
 

@@ -314,6 +314,9 @@ class TurnPublisher:
         """End every open fragment with its partial text, so nothing streamed is lost."""
         self._close("text")
         self._close("reasoning")
+        for call_id, tool in self.tools.items():
+            if tool.input_started and not tool.input_ended:
+                self._end_input(call_id, tool)
 
     def fail_assistant(self, error: SessionError, replace: bool = False) -> None:
         self.flush()

@@ -11,6 +11,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.runtime import Runtime, to_claim, to_ref, translated
+from activities.tools.changes import step_files
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
@@ -237,6 +238,7 @@ class SessionActivities:
                     finish=turn.finish,
                     cost=turn.cost,
                     tokens=turn.tokens or Tokens(),
+                    files=step_files(p for p in message.content if isinstance(p, ToolPart)),
                 )
             )
         await self.store.events.publish_many(events, tx=tx)
@@ -256,7 +258,8 @@ class SessionActivities:
         local = [p for p in unsettled if not p.executed and p.state.status == "running"]
         hosted = [p for p in unsettled if p.executed]
         if turn.provider_failed:
-            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in local]
+            # Reference §4.5 step 14j: every unsettled call, hosted ones included, is aborted.
+            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in local + hosted]
             return failure
         events += [_tool_failed(message, p, RESULT_MISSING) for p in hosted]
         if turn.raw_error is not None:

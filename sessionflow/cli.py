@@ -321,8 +321,11 @@ def worker() -> None:
 def dev(
     ui_port: int = typer.Option(8233, "--ui-port"),
 ) -> None:
-    """Start the embedded stack: Temporal dev server (UI), a worker and the SQLite store."""
-    from sessionflow.devstack import StackError, ensure_server
+    """Start the embedded stack: Temporal dev server (UI), a worker and the SQLite store.
+
+    Ctrl-C stops the worker and, if this command started it, the dev server.
+    """
+    from sessionflow.devstack import StackError, ensure_server, stop_server
 
     async def work() -> None:
         from store import open_store
@@ -337,13 +340,15 @@ def dev(
         console.print(f"Temporal UI: [link]{server.ui}[/]  ·  store: {store.db.url}")
         console.print("worker running; Ctrl-C to stop")
         await ensure_sweep_schedule(client, task_queue=Options.task_queue)
-        async with build_worker(
-            client, store, task_queue=Options.task_queue, tools=tools_from_env()
-        ):
-            try:
+        try:
+            async with build_worker(
+                client, store, task_queue=Options.task_queue, tools=tools_from_env()
+            ):
                 await asyncio.Event().wait()
-            finally:
-                await store.close()
+        finally:
+            await store.close()
+            if server.pid is not None:
+                stop_server()
 
     run(work)
 

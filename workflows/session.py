@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         CallRef,
         ClaimRef,
         DrainInput,
+        DrainResume,
         DrainStatus,
         FinishExecutionInput,
         FinishStepInput,
@@ -230,6 +231,8 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, input: DrainInput) -> None:
+        if input.resume is not None:
+            await self._busy_period(input.resume)
         while True:
             if not (self.pending_wake or self.force_requested):
                 try:
@@ -244,25 +247,30 @@ class SessionWorkflow:
                 workflow.continue_as_new(self._carry())
         await workflow.wait_condition(workflow.all_handlers_finished)
 
-    def _carry(self) -> DrainInput:
+    def _carry(self, resume: DrainResume | None = None) -> DrainInput:
         return DrainInput(
             session_id=self.session_id,
             pending_wake=self.pending_wake,
             force=self.force_requested,
             period=self.period,
             turns=self.turns,
+            resume=resume,
         )
 
-    async def _busy_period(self) -> None:
-        self.period += 1
+    async def _busy_period(self, resume: DrainResume | None = None) -> None:
+        """One busy period (or the rest of one carried over by continue-as-new)."""
+        if resume is None:
+            self.period += 1
+            self.force_requested, self.pending_wake, force = False, False, self.force_requested
+        else:
+            self.attempts, force = resume.attempts, False
         period = self.period
         self.busy, self.stopping, self.interrupt_reason = True, False, None
-        force, self.force_requested, self.pending_wake = self.force_requested, False, False
         outcome = Outcome(type="succeeded")
         try:
-            claim = await self._acquire(period)
+            claim = resume.claim if resume is not None else await self._acquire(period)
             self.claim = claim
-            self.drain_task = asyncio.create_task(self._drains(claim, force))
+            self.drain_task = asyncio.create_task(self._drains(claim, force, resume))
             await self.drain_task
         except (Interrupted, asyncio.CancelledError):
             outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
@@ -302,8 +310,13 @@ class SessionWorkflow:
 
     # --- the drain (reference §4.3) -------------------------------------------------------------
 
-    async def _drains(self, claim: ClaimRef, force: bool) -> None:
-        await self._drain(claim, force)
+    async def _drains(self, claim: ClaimRef, force: bool, resume: DrainResume | None) -> None:
+        if resume is None:
+            await self._drain(claim, force)
+        else:
+            self.semaphore = asyncio.Semaphore(max(1, resume.max_active_tools))
+            limits = (resume.max_steps, resume.max_active_tools)
+            await self._turns(claim, limits, resume.promotion, resume.step)
         while self.pending_wake and not self.stopping:
             self.pending_wake = False
             await self._drain(claim, False)
@@ -317,11 +330,17 @@ class SessionWorkflow:
         if not prep.run:
             return
         self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
-        promotion: Promotion = prep.promotion
+        await self._turns(claim, (prep.max_steps, prep.max_active_tools), prep.promotion, 1)
+
+    async def _turns(
+        self, claim: ClaimRef, limits: tuple[int | None, int], promotion: Promotion, step: int
+    ) -> None:
+        """User turns until nothing is pending (reference §4.3), from a given step boundary."""
         while True:
-            needs, step = True, 1
+            needs = True
             while needs:
-                needs, step = await self._run_step(claim, promotion, step, prep.max_steps)
+                self._continue_as_new_if_suggested(claim, limits, promotion, step)
+                needs, step = await self._run_step(claim, promotion, step, limits[0])
                 step += 1
                 promotion = "steer"
                 if not needs:
@@ -329,7 +348,29 @@ class SessionWorkflow:
             pending = await self._pending(claim)
             if not (pending.steer or pending.queue):
                 return
-            promotion = "steer" if pending.steer else "queue"
+            promotion, step = ("steer" if pending.steer else "queue"), 1
+
+    def _continue_as_new_if_suggested(
+        self, claim: ClaimRef, limits: tuple[int | None, int], promotion: Promotion, step: int
+    ) -> None:
+        """Bound history mid busy period, at a step boundary where nothing is in flight.
+
+        Not while an update handler (a ``resume`` caller) waits for this busy period: it would
+        never finish before the run ends. The history stays far below Temporal's hard limit.
+        """
+        if not workflow.info().is_continue_as_new_suggested() or self.stopping:
+            return
+        if not workflow.all_handlers_finished() or self.tool_tasks:
+            return
+        resume = DrainResume(
+            claim=claim,
+            step=step,
+            promotion=promotion,
+            max_steps=limits[0],
+            max_active_tools=limits[1],
+            attempts=self.attempts,
+        )
+        workflow.continue_as_new(self._carry(resume))
 
     async def _pending(self, claim: ClaimRef) -> PendingResult:
         request = PendingInput(claim=claim)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -108,6 +109,29 @@ async def _open_pipe() -> tuple[asyncio.StreamReader, asyncio.BaseTransport, int
     return reader, transport, write_end
 
 
+async def _exited(
+    proc: asyncio.subprocess.Process, reader: asyncio.Task[None], limit: float
+) -> bool:
+    """Wait for the shell to exit; False if it did not within ``limit``. A failed progress
+    report (the reader's error) is raised at once, and the caller then kills the group."""
+    waiter = asyncio.ensure_future(proc.wait())
+    deadline = time.monotonic() + limit
+    pending: set[asyncio.Future[Any]] = {waiter, reader}
+    try:
+        while waiter in pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            done, pending = await asyncio.wait(
+                pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if reader in done:
+                reader.result()
+        return True
+    finally:
+        waiter.cancel()
+
+
 async def _supervise(
     proc: asyncio.subprocess.Process,
     stream: asyncio.StreamReader,
@@ -118,16 +142,15 @@ async def _supervise(
 ) -> None:
     reader = asyncio.create_task(_read(stream, run, on_output))
     try:
-        try:
-            await asyncio.wait_for(proc.wait(), limit)
-        except TimeoutError:
-            run.timed_out = True
+        run.timed_out = not await _exited(proc, reader, limit)
         run.killed_background = not run.timed_out and process.alive(proc.pid)
         await _stop(proc, grace)
         run.exit_code = proc.returncode
         await asyncio.wait([reader], timeout=_DRAIN_SECONDS)
     finally:
         reader.cancel()
+        if reader.done() and not reader.cancelled():
+            reader.exception()  # a report failing after the command ended changes nothing
 
 
 async def run_command(

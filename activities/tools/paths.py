@@ -205,7 +205,8 @@ class Workspace:
         return [] if norm == "." else norm.split("/")
 
     def open_dir(self, path: str) -> Opened:
-        opened = self.open(path, lambda fd, name: os.open(name, DIR_FLAGS, dir_fd=fd))
+        # Without O_DIRECTORY, so that a file is reported as such rather than as a bad path.
+        opened = self.open(path, lambda fd, name: os.open(name, READ_FLAGS, dir_fd=fd))
         if not stat.S_ISDIR(opened.st.st_mode):
             os.close(opened.fd)
             raise ToolFailure(f"{opened.rel} is not a directory")

@@ -10,8 +10,8 @@ any of its ancestors matches, so a protected directory is skipped without descen
 - ``.sessionflow``, ``sessionflow.db*``, ``*.db-wal``, ``*.db-shm``: the engine's own database
   and its WAL; a tool writing there would corrupt the session it runs in.
 
-``protected_paths`` adds absolute paths (the store's SQLite file when it is not in the default
-place); the platform's list (reference §8.5; none on Linux) is always added.
+``protected_paths`` holds absolute paths: by default the platform's list (reference §8.5; none on
+Linux); add ``database_paths(url)`` when the store's SQLite file has a name the globs miss.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sqlalchemy.engine import make_url
 
 DEFAULT_PROTECTED: tuple[str, ...] = (
     ".git",
@@ -74,6 +76,18 @@ def platform_protected(platform: str = sys.platform, home: Path | None = None) -
     if platform == "win32":
         return tuple(home / name for name in (*_WINDOWS_HOME, "OneDrive"))
     return ()
+
+
+def database_paths(url: str) -> tuple[Path, ...]:
+    """The SQLite file of a store URL with its WAL, shared-memory and journal files; none for
+    a server database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return ()
+    if parsed.database == ":memory:":
+        return ()
+    base = os.path.abspath(parsed.database)
+    return tuple(Path(base + suffix) for suffix in ("", "-wal", "-shm", "-journal"))
 
 
 def _default_shell() -> str:

@@ -33,6 +33,17 @@ class ClaimRef(Model):
 # --- workflow messages --------------------------------------------------------------------------
 
 
+class DrainResume(Model):
+    """A busy period carried across continue-as-new at a step boundary: cursors, no content."""
+
+    claim: ClaimRef
+    step: int
+    promotion: Promotion = None
+    max_steps: int | None = None
+    max_active_tools: int = 8
+    attempts: int = 0
+
+
 class DrainInput(Model):
     """Start (or continue-as-new) state: flags and counters only."""
 
@@ -41,6 +52,7 @@ class DrainInput(Model):
     force: bool = False
     period: int = 0
     turns: int = 0
+    resume: DrainResume | None = None
 
 
 class WakeSignal(Model):

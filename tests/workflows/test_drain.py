@@ -462,3 +462,16 @@ async def test_the_temporal_ui_shows_the_session_and_its_current_work(h: Harness
     assert any("gate call_1" in s for s in summaries)
     h.open_gate("ui")
     await h.client.wait_idle(sid)
+
+
+async def test_the_step_records_the_files_its_tools_changed(h: Harness) -> None:
+    sid = await h.session(
+        [call("w1", "write", path="notes/out.txt", content="hello"), call("r1", "read", path="x")],
+        [{"text": "written"}],
+    )
+    (h.workspace / "x").write_text("x")
+    await run(h, sid)
+    assert (h.workspace / "notes" / "out.txt").read_text() == "hello"
+    ended = [e for e in await h.events(sid) if e.type == "session.step.ended"]
+    assert ended[0].data["files"] == ["notes/out.txt"]
+    assert ended[1].data["files"] == []

@@ -166,3 +166,30 @@ async def test_continue_as_new_keeps_queued_inputs_and_wakes(
         assert types.count("session.execution.started") == types.count(
             "session.execution.succeeded"
         )
+
+
+async def test_continue_as_new_mid_busy_period_carries_the_claim_and_step(
+    small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    async with harness(small_history_env.client, store, tmp_path) as h:
+        turns = [[call(f"c{i}", text=str(i))] for i in range(6)] + [[{"text": "all done"}]]
+        sid = await h.session(*turns)
+        handle = h.client._handle(sid)
+        await h.client.prompt(sid, "many steps")
+        await h.until(lambda: len(h.requests()) == 7, timeout=60)
+        await h.client.wait_idle(sid, timeout=30)
+        runs = [e async for e in h.client.temporal.list_workflows(f"WorkflowId = '{handle.id}'")]
+        assert len(runs) >= 2  # the busy period continued as new at least once
+        events = await h.events(sid)
+        started = [e for e in events if e.type == "session.execution.started"]
+        ended = [e for e in events if e.type == "session.execution.succeeded"]
+        assert len(started) == len(ended) == 1
+        assert started[0].data["execution_id"] == ended[0].data["execution_id"]
+        stored = (await store.events.read_after(sid, limit=10_000)).events
+        stamps = {(e.execution_id, e.epoch) for e in stored if e.execution_id is not None}
+        assert stamps == {(started[0].data["execution_id"], 1)}  # one claim across the runs
+        assistants = [m for m in await h.messages(sid) if m.type == "assistant"]
+        assert [a.finish for a in assistants] == ["tool-calls"] * 6 + ["stop"]
+        assert all(
+            a.tool(f"c{i}").state.status == "completed" for i, a in enumerate(assistants[:6])
+        )

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
+from activities.tools.builtin import builtin_tools
 from activities.tools.testing import Defect, Echo, Fail, Sleep
 
 
@@ -42,4 +43,5 @@ class Gate(Tool[GateInput]):
 
 
 def registry(gate: Gate) -> ToolRegistry:
-    return ToolRegistry([Echo(), Sleep(), Fail(), Defect(), gate])
+    """The built-ins, the test tools, and this test's gate."""
+    return ToolRegistry([*builtin_tools(), Echo(), Sleep(), Fail(), Defect(), gate])
