@@ -470,16 +470,18 @@ class SessionWorkflow:
             self._show_details()
             try:
                 summary = f"{request.name} {request.call_id}"
-                return await call("run_tool", request, ToolOutcome, summary, TOOL)
+                outcome = await call("run_tool", request, ToolOutcome, summary, TOOL)
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
                     raise asyncio.CancelledError() from error
-                return ToolOutcome(
+                outcome = ToolOutcome(
                     call_id=request.call_id, status="infrastructure", error=_activity_error(error)
                 )
             finally:
+                # Pure bookkeeping only: on eviction this runs outside the workflow's loop.
                 self.running.pop(request.call_id, None)
-                self._show_details()
+            self._show_details()
+            return outcome
 
     async def _abort_step(self, claim: ClaimRef, turn: TurnResult) -> None:
         """Interrupted: stop the tools, then settle the step durably (one ``step.failed``)."""

@@ -5,23 +5,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.json_format import MessageToDict
-from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from sessionflow.client import SESSION_ID_ATTRIBUTE
-from sessionflow.models.drain import DrainInput
 from store import Store
 from tests.conftest import temporal_binary
 from tests.workflows.harness import Harness, harness
+from tests.workflows.reordered import ReorderedSessionWorkflow
 from workflows.session import SessionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -94,21 +92,6 @@ def stored_histories() -> list[Path]:
 async def test_recorded_histories_replay_with_the_current_workflow(path: Path) -> None:
     history = WorkflowHistory.from_json("session-recorded", json.loads(path.read_text()))
     await replayer(SessionWorkflow).replay_workflow(history)
-
-
-@workflow.defn(name="SessionWorkflow")
-class ReorderedSessionWorkflow(SessionWorkflow):
-    """A negative control: checks inputs before claiming, which changes the command order."""
-
-    @workflow.run
-    async def run(self, input: DrainInput) -> None:
-        await super().run(input)
-
-    async def _acquire(self, period: int) -> Any:
-        await workflow.execute_activity(
-            "pending_inputs", None, start_to_close_timeout=timedelta(seconds=5)
-        )
-        return await super()._acquire(period)
 
 
 @pytest.mark.parametrize("path", stored_histories(), ids=lambda p: p.stem)
