@@ -134,6 +134,7 @@ class ToolActivities:
                 structured=output.structured,
                 content=output.content,
                 output_paths=output.output_paths,
+                output=output.full_text,
             )
         store = self.rt.store
         async with store.claims.fenced(claim) as tx:

@@ -42,6 +42,8 @@ class ToolOutput:
     structured: dict[str, Any] = field(default_factory=dict)
     content: tuple[ContentPart, ...] = ()
     output_paths: tuple[str, ...] = ()
+    # The whole normalized text when ``content`` had to be cut for the model (store only).
+    full_text: str | None = None
 
     @classmethod
     def text(cls, body: str, **structured: Any) -> ToolOutput:

@@ -244,7 +244,7 @@ class Bash(Tool[BashInput]):
             cwd=cwd,
             env=command_env(s.hidden_env),
             time_limit=timeout,
-            capture=s.output_cap,
+            capture=max(s.output_cap, s.store_cap),
             grace=s.kill_grace,
             on_output=self._progress(context),
         )
@@ -274,6 +274,7 @@ class Bash(Tool[BashInput]):
             bytes(run.output) if run.output else b"(no output)",
             self.settings.output_cap,
             omitted=run.total - len(run.output),
+            store_cap=self.settings.store_cap,
             suffix=_notes(run, timeout),
             paths=paths,
             exit_code=run.exit_code,

@@ -70,18 +70,25 @@ def text_output(
     omitted: int = 0,
     suffix: str = "",
     paths: tuple[str, ...] = (),
+    store_cap: int | None = None,
     **structured: Any,
 ) -> ToolOutput:
     """The exit of every built-in: normalized, capped text plus structured data.
 
     ``suffix`` (a short note from the tool: an exit code, where to continue) follows the cap,
-    so cutting a long body never cuts the note.
+    so cutting a long body never cuts the note. With ``store_cap``, a cut body is also kept
+    whole (up to that cap) for the store.
     """
     text, cut = clip(body, cap, omitted=omitted)
+    full_text = None
     if cut:
         structured["truncated_bytes"] = cut
+        if store_cap is not None and store_cap > cap:
+            full_text, _ = clip(body, store_cap, omitted=omitted)
     suffix = normalize(suffix)
     if text.endswith("\n") and suffix.startswith("\n"):
         suffix = suffix[1:]
     content = (TextContent(text=text + suffix),)
-    return ToolOutput(structured=structured, content=content, output_paths=paths)
+    return ToolOutput(
+        structured=structured, content=content, output_paths=paths, full_text=full_text
+    )

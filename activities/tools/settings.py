@@ -98,8 +98,11 @@ def _default_shell() -> str:
 class ToolSettings:
     protected: tuple[str, ...] = DEFAULT_PROTECTED
     protected_paths: tuple[Path, ...] = field(default_factory=platform_protected)
-    # Bytes of text one call returns to the model (and the store keeps).
+    # Bytes of text one call returns to the model.
     output_cap: int = 50_000
+    # Bytes of a command's output the store keeps when the model's copy was cut (in the
+    # tool.success event's ``output``; never in a Temporal payload).
+    store_cap: int = 1_000_000
     read_lines: int = 2000
     line_chars: int = 2000
     # Largest file edit rewrites or grep searches.

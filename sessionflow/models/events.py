@@ -299,6 +299,8 @@ class ToolSucceeded(SessionEventBase):
     result: Any = None
     executed: bool = False
     result_state: dict[str, Any] | None = None
+    # The whole output when ``content`` was cut for the model (kept here, never in a payload).
+    output: str | None = None
 
 
 class ToolFailed(SessionEventBase):

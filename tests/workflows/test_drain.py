@@ -475,3 +475,19 @@ async def test_the_step_records_the_files_its_tools_changed(h: Harness) -> None:
     ended = [e for e in await h.events(sid) if e.type == "session.step.ended"]
     assert ended[0].data["files"] == ["notes/out.txt"]
     assert ended[1].data["files"] == []
+
+
+async def test_a_large_tool_output_is_cut_for_the_model_and_kept_whole_in_the_store(
+    h: Harness,
+) -> None:
+    command = "python3 -c \"print('y' * 200000)\""
+    sid = await h.session([call("b1", "bash", command=command)], [{"text": "seen"}])
+    await run(h, sid)
+    success = next(e for e in await h.events(sid) if e.type == "session.tool.success")
+    shown = success.data["content"][0]["text"]
+    assert len(shown.encode()) < 51_000 and "[truncated:" in shown
+    assert success.data["output"].count("y") == 200_000
+    sent = h.requests()[1]["messages"][-1]["content"][0]["output"]
+    assert "[truncated:" in sent and len(sent) < 51_000
+    history = await h.client._handle(sid).fetch_history()
+    assert max(len(e.SerializeToString()) for e in history.events) < 8_000
