@@ -36,7 +36,7 @@ from activities.sweep import SweepActivities
 from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
 from activities.tools.builtin import default_registry
-from activities.tools.process import kill_running
+from activities.tools.process import kill_running, reap_orphans
 from activities.tools.settings import ToolSettings, database_paths, platform_protected
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
@@ -166,6 +166,15 @@ async def ensure_sweep_schedule(
         await client.create_schedule(SWEEP_WORKFLOW_ID, schedule)
 
 
+async def reap_orphans_forever(every: float = 10.0) -> None:
+    """Kill tool process groups left by workers on this host that died without cleaning up."""
+    while True:
+        killed = reap_orphans()
+        if killed:
+            log.warning("killed %d tool process group(s) of dead workers: %s", len(killed), killed)
+        await asyncio.sleep(every)
+
+
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings.from_env()
@@ -183,9 +192,11 @@ async def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("worker %s polling %s on %s", identity(), task_queue, address)
+    reaper = asyncio.create_task(reap_orphans_forever())
     async with worker:
         await stop.wait()
         log.info("shutting down")
+    reaper.cancel()
     # Temporal's cancellation already ended running tools; this is the backstop.
     kill_running()
     await store.close()

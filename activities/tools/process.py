@@ -12,6 +12,10 @@ some containers never happens, and a zombie holds nothing.
 ``kill_running`` SIGKILLs every group still running in this process. Worker shutdown cancels
 running activities, and cancellation kills their groups; ``kill_running`` is the backstop for
 the shutdown path and is registered with ``atexit``.
+
+A worker killed outright (SIGKILL, OOM) runs no backstop, so each running group is also recorded
+in a per-host directory with its worker's identity (pid and start time). ``reap_orphans``, run
+by every worker at start and then periodically, kills the groups whose worker is gone.
 """
 
 from __future__ import annotations
@@ -20,12 +24,20 @@ import asyncio
 import atexit
 import os
 import signal
+import tempfile
 import time
 from contextlib import suppress
+from pathlib import Path
 
 _RUNNING: set[int] = set()
 _POLL_SECONDS = 0.02
 _registered = False
+
+
+def records_dir() -> Path:
+    """Where running groups are recorded: one directory per host and user."""
+    configured = os.environ.get("SESSIONFLOW_PROCESS_DIR")
+    return Path(configured or tempfile.gettempdir()) / f"sessionflow-processes-{os.getuid()}"
 
 
 def track(leader: int) -> None:
@@ -34,10 +46,42 @@ def track(leader: int) -> None:
         atexit.register(kill_running)
         _registered = True
     _RUNNING.add(leader)
+    with suppress(OSError):
+        directory = records_dir()
+        directory.mkdir(mode=0o700, exist_ok=True)
+        owner = f"{os.getpid()} {start_time(os.getpid())} {start_time(leader)}"
+        (directory / str(leader)).write_text(owner)
 
 
 def untrack(leader: int) -> None:
     _RUNNING.discard(leader)
+    with suppress(OSError):
+        (records_dir() / str(leader)).unlink()
+
+
+def start_time(pid: int) -> str:
+    """The kernel's start time of ``pid`` (telling a reused pid from the original)."""
+    fields = _stat_fields(str(pid))
+    return fields[19].decode() if fields is not None and len(fields) > 19 else "?"
+
+
+def reap_orphans() -> list[int]:
+    """Kill recorded groups whose worker process is gone; returns the leaders killed."""
+    killed: list[int] = []
+    directory = records_dir()
+    if not directory.is_dir():
+        return killed
+    for record in directory.iterdir():
+        with suppress(OSError, ValueError):
+            worker, worker_start, leader_start = record.read_text().split()
+            leader = int(record.name)
+            if start_time(int(worker)) == worker_start:
+                continue  # its worker still runs it
+            if start_time(leader) == leader_start:
+                signal_all(leader, signal.SIGKILL)
+                killed.append(leader)
+            record.unlink()
+    return killed
 
 
 def running() -> frozenset[int]:

@@ -234,3 +234,44 @@ async def _deltas(h: Harness, sid: str, count: int) -> bool:
 
 async def _expired_any(store: Store, sid: str) -> bool:
     return sid in await store.claims.expired()
+
+
+def _live_with(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_killed_workers_tool_processes_are_reaped(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    from activities.tools.process import reap_orphans
+
+    marker = f"{uuid.uuid4().int % 900 + 100}.{uuid.uuid4().int % 1000}"
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        doomed = WorkerProcess(temporal_env, target, h.client.task_queue)
+        workers.append(doomed)
+        await doomed.ready()
+        sid = await h.session([call("b1", "bash", command=f"sleep {marker}")], [{"text": "x"}])
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: bool(_live_with(f"sleep {marker}")), timeout=30)
+        doomed.signal(signal.SIGKILL)
+        doomed.stop()
+        assert _live_with(f"sleep {marker}")  # the orphan outlived its worker
+        killed = reap_orphans()  # what every worker does at start and every 10 s
+        assert killed
+        await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
