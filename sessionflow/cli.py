@@ -329,7 +329,12 @@ def dev(
 
     async def work() -> None:
         from store import open_store
-        from worker import build_worker, ensure_sweep_schedule, tools_from_env
+        from worker import (
+            build_worker,
+            ensure_sweep_schedule,
+            reap_orphans_forever,
+            tools_from_env,
+        )
 
         try:
             server, client = await ensure_server(Options.address, ui_port=ui_port)
@@ -340,12 +345,14 @@ def dev(
         console.print(f"Temporal UI: [link]{server.ui}[/]  ·  store: {store.db.url}")
         console.print("worker running; Ctrl-C to stop")
         await ensure_sweep_schedule(client, task_queue=Options.task_queue)
+        reaper = asyncio.create_task(reap_orphans_forever())
         try:
             async with build_worker(
-                client, store, task_queue=Options.task_queue, tools=tools_from_env()
+                client, store, task_queue=Options.task_queue, tools=tools_from_env(settings)
             ):
                 await asyncio.Event().wait()
         finally:
+            reaper.cancel()
             await store.close()
             if server.pid is not None:
                 stop_server()
