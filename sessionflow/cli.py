@@ -300,10 +300,14 @@ async def follow(
     client: SessionClient, session_id: str, *, after: int, as_json: bool, until_idle: bool
 ) -> None:
     renderer = Renderer(console, as_json=as_json)
-    async for event in client.events(session_id, after=after, follow=True):
-        renderer.render(event)
-        if until_idle and event.type in TERMINALS and not (await client.status(session_id)).busy:
-            return
+    try:
+        async for event in client.events(session_id, after=after, follow=True):
+            renderer.render(event)
+            idle = until_idle and event.type in TERMINALS
+            if idle and not (await client.status(session_id)).busy:
+                return
+    finally:
+        renderer.close()
 
 
 # --- the stack ----------------------------------------------------------------------------------

@@ -116,10 +116,13 @@ async def run_demo(console: Console, address: str, *, ui_port: int, state_dir: P
 
 async def _stream(console: Console, client: SessionClient, session_id: str) -> str:
     renderer = Renderer(console)
-    async for event in client.events(session_id, follow=True):
-        renderer.render(event)
-        if event.type in TERMINALS:
-            return event.type
+    try:
+        async for event in client.events(session_id, follow=True):
+            renderer.render(event)
+            if event.type in TERMINALS:
+                return event.type
+    finally:
+        renderer.close()
     raise RuntimeError("the event stream ended early")
 
 

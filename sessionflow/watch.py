@@ -6,8 +6,12 @@ import json
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.markup import escape
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
 
 from sessionflow.client import ClientEvent
 
@@ -20,8 +24,28 @@ TERMINALS = frozenset(
 )
 
 
+class RunningTools:
+    """A live table of the tools still running: a spinner, the tool, how long it has run."""
+
+    def __init__(self, tools: dict[str, tuple[str, float]]) -> None:
+        self.tools = tools
+        self.spinners: dict[str, Spinner] = {}
+
+    def __rich__(self) -> RenderableType:
+        table = Table.grid(padding=(0, 1))
+        now = time.monotonic()
+        for call_id, (name, started) in self.tools.items():
+            spinner = self.spinners.setdefault(call_id, Spinner("dots", style="yellow"))
+            table.add_row(spinner, Text(name), Text(f"{now - started:.1f} s", style="dim"))
+        return Group(table)
+
+
 class Renderer:
-    """Streams text as it arrives, reasoning dimmed, tools with their durations, step usage."""
+    """Streams text as it arrives, reasoning dimmed, tools with their durations, step usage.
+
+    On a terminal, running tools also show in a live table (spinners and durations) below the
+    stream; elsewhere (pipes, logs) everything is plain lines.
+    """
 
     def __init__(self, console: Console, *, as_json: bool = False) -> None:
         self.console = console
@@ -29,6 +53,28 @@ class Renderer:
         self.prompts: dict[str, str] = {}
         self.tools: dict[str, tuple[str, float]] = {}
         self.open_line = False
+        self.live: Live | None = None
+        self.held = ""
+
+    def _show_running(self) -> None:
+        if not self.console.is_terminal or self.as_json:
+            return
+        if self.tools and self.live is None:
+            self._end_line()
+            self.live = Live(
+                RunningTools(self.tools), console=self.console, refresh_per_second=8, transient=True
+            )
+            self.live.start()
+        elif not self.tools and self.live is not None:
+            self.close()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        if self.held:
+            held, self.held = self.held, ""
+            self._write(held)
 
     def render(self, event: ClientEvent) -> None:
         if self.as_json:
@@ -45,6 +91,13 @@ class Renderer:
             handler(event.data)
 
     def _write(self, text: str, style: str | None = None) -> None:
+        if self.live is not None:
+            # Above a live table only whole lines print cleanly: hold the partial one.
+            self.held += text
+            *lines, self.held = self.held.split("\n")
+            for line in lines:
+                self.console.print(line, style=style, markup=False, highlight=False)
+            return
         self.console.print(text, style=style, end="", markup=False, highlight=False)
         self.open_line = not text.endswith("\n")
 
@@ -88,6 +141,7 @@ class Renderer:
         summary = summary if len(summary) <= 80 else summary[:77] + "..."
         hosted = " [dim](provider)[/]" if data.get("executed") else ""
         self._line(f"[yellow]▶ {escape(data['name'])}[/]{hosted} [dim]{escape(summary)}[/]")
+        self._show_running()
 
     def _tool_success(self, data: dict[str, Any]) -> None:
         name, elapsed = self._finished(data["call_id"])
@@ -100,6 +154,7 @@ class Renderer:
 
     def _finished(self, call_id: str) -> tuple[str, str]:
         name, started = self.tools.pop(call_id, (call_id, time.monotonic()))
+        self._show_running()
         return name, f"{(time.monotonic() - started) * 1000:.0f} ms"
 
     def _step_ended(self, data: dict[str, Any]) -> None:
