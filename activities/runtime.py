@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from sessionflow.models.drain import ClaimRef
 from store import Store
 from store.claims import Claim
 
+log = logging.getLogger(__name__)
 ProviderFactory = Callable[[ModelRef], Provider]
 HEARTBEAT_SECONDS = 0.5
 
@@ -102,6 +104,11 @@ async def heartbeating(store: Store, claim: ClaimRef) -> AsyncIterator[None]:
                     assert task is not None
                     task.cancel()
                     return
+                except Exception as error:
+                    # A blip (connection reset, a busy database): keep heartbeating and try
+                    # again; the lease outlasts several renewals, and a lost one is fatal above.
+                    log.warning("Claim renewal failed, retrying: %s", error)
+                    continue
                 last_renew = time.monotonic()
 
     beater = asyncio.create_task(beat())

@@ -26,7 +26,7 @@ from sessionflow.models.drain import (
     PrepareResult,
     Promotion,
 )
-from sessionflow.models.messages import AssistantMessage, ToolPart
+from sessionflow.models.messages import AssistantMessage, SyntheticMessage, ToolPart
 from store.claims import Phase
 from store.db import Tx
 
@@ -128,7 +128,9 @@ class SessionActivities:
                         ),
                         tx=tx,
                     )
-                force = True
+            # Derived from the history, not from this attempt's memory: a retried preparation
+            # still continues a recovered turn whose restart message is not yet answered.
+            force = force or await self._restart_unanswered(sid)
             steer = await self.store.inputs.has_pending(sid, "steer")
             queue = not steer and await self.store.inputs.has_pending(sid, "queue")
             if not (force or steer or queue):
@@ -136,6 +138,15 @@ class SessionActivities:
             stale = await self._fail_stale_tools(claim)
             promotion: Promotion = "steer" if steer else "queue" if queue else None
             return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
+
+    async def _restart_unanswered(self, session_id: str) -> bool:
+        messages = await self.store.sessions.messages(session_id)
+        for message in reversed(messages):
+            if isinstance(message, AssistantMessage):
+                return False
+            if isinstance(message, SyntheticMessage) and message.text == RESTART_TEXT:
+                return True
+        return False
 
     async def _fail_stale_tools(self, claim: Any) -> int:
         """Tools left pending or running by a dead process become ``tool.stale`` errors."""
@@ -198,19 +209,20 @@ class SessionActivities:
         events: list[ev.Event] = []
         failure = turn.step_failure
         if request.retry_at_ms is not None and turn.raw_error is not None:
-            events.append(
-                ev.RetryScheduled(
-                    session_id=message.session_id,
-                    assistant_message_id=message.id,
-                    attempt=request.retry_attempt or 2,
-                    at=request.retry_at_ms,
-                    error=turn.raw_error,
-                )
+            attempt = request.retry_attempt or 2
+            retry = ev.RetryScheduled(
+                session_id=message.session_id,
+                assistant_message_id=message.id,
+                attempt=attempt,
+                at=request.retry_at_ms,
+                error=turn.raw_error,
             )
-            await self.store.events.publish_many(events, tx=tx)
-            await self.store.claims.record_phase(
-                tx, to_claim(request.claim), "continue", message.id
-            )
+            # A fixed id: a retried activity records the retry once.
+            await self.store.events.publish(retry, id=f"evt_{message.id}_retry_{attempt}", tx=tx)
+            claim = to_claim(request.claim)
+            await self.store.claims.record_phase(tx, claim, "continue", message.id)
+            # Nothing renews the claim while the workflow waits: hold it past the retry.
+            await self.store.claims.extend_until(tx, claim, request.retry_at_ms + claim.lease_ms)
             return FinishStepResult(ended=False)
         if request.interrupted:
             events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in unsettled]
@@ -257,9 +269,12 @@ class SessionActivities:
     ) -> SessionError | None:
         local = [p for p in unsettled if not p.executed and p.state.status == "running"]
         hosted = [p for p in unsettled if p.executed]
+        # Every started tool has settled by now, so a called local tool still running here
+        # never ran (its turn died before the workflow heard of it): it is aborted.
+        events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in local]
         if turn.provider_failed:
             # Reference §4.5 step 14j: every unsettled call, hosted ones included, is aborted.
-            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in local + hosted]
+            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in hosted]
             return failure
         events += [_tool_failed(message, p, RESULT_MISSING) for p in hosted]
         if turn.raw_error is not None:

@@ -12,10 +12,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.common import (
     SearchAttributeKey,
     SearchAttributePair,
@@ -23,7 +29,7 @@ from temporalio.common import (
     WorkflowIDConflictPolicy,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import telemetry
 from sessionflow.ids import validate_id
@@ -219,20 +225,32 @@ class SessionClient:
     async def interrupt(
         self, session_id: str, reason: str = "user", *, request_id: str | None = None
     ) -> bool:
-        """Stop the running busy period; True when this request was the one accepted."""
+        """Stop the running busy period; True when this request was the one accepted.
+
+        The answer comes from an update (its id is the request id, so a repeat is answered
+        once). When no worker answers in time, the interrupt is sent as a durable signal that
+        takes effect when a worker is back, and True is returned.
+        """
         request_id = request_id or f"interrupt-{uuid.uuid4()}"
+        request = InterruptRequest(reason=reason, request_id=request_id)
         handle = self._handle(session_id)
         try:
             result = await handle.execute_update(
                 "interrupt",
-                InterruptRequest(reason=reason, request_id=request_id),
+                request,
                 id=request_id,
                 result_type=InterruptResult,
+                rpc_timeout=timedelta(seconds=10),
             )
-        except RPCError:
-            return False  # no open run: nothing to interrupt
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            await handle.signal("interrupt", request)
+            return True
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return False  # no open run: nothing to interrupt
+            raise
         except Exception as error:
-            if "already completed" in str(error) or "not found" in str(error).lower():
+            if "already completed" in str(error):
                 return False
             raise
         return bool(result.accepted)

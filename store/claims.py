@@ -211,6 +211,18 @@ class Claims:
             .values(phase=phase, assistant_message_id=assistant_message_id)
         )
 
+    async def extend_until(self, tx: Tx, claim: Claim, until_ms: int) -> None:
+        """Inside a fenced ``tx``: keep the claim live at least until ``until_ms``."""
+        await tx.conn.execute(
+            execution_table.update()
+            .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
+            .values(
+                expires_at=sa.func.max(_x.expires_at, until_ms)
+                if tx.dialect == "sqlite"
+                else sa.func.greatest(_x.expires_at, until_ms)
+            )
+        )
+
     @asynccontextmanager
     async def fenced(self, claim: Claim, *, step_attempt: int | None = None) -> AsyncIterator[Tx]:
         """A write transaction that exists only while ``claim`` is live.

@@ -12,6 +12,7 @@ Payloads are ids, counts and short errors: the activities read and write the sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -63,6 +64,8 @@ class Options:
     cancellation: workflow.ActivityCancellationType = workflow.ActivityCancellationType.TRY_CANCEL
 
 
+# Settlement activities are short and always run to the end, even when an interrupt cancels
+# the drain: cutting one off would race its commit against the busy period's terminal event.
 SHORT = Options(
     timedelta(seconds=60),
     RetryPolicy(
@@ -71,6 +74,7 @@ SHORT = Options(
         maximum_attempts=20,
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
 CLAIM = Options(
     timedelta(seconds=60),
@@ -84,6 +88,9 @@ CLAIM = Options(
             "InvalidInputError",
         ],
     ),
+    # An attempt that runs when the interrupt lands finishes, so a granted claim is known
+    # (and released with the terminal event) rather than left behind.
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
 # The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
 TURN = Options(
@@ -225,6 +232,8 @@ class SessionWorkflow:
         self.interrupt_reason = request.reason
         if self.drain_task is not None:
             self.drain_task.cancel()
+        for task in self.tool_tasks.values():
+            task.cancel()  # the drain's cancel may be consumed by an activity that just ended
         return True
 
     # --- main loop ------------------------------------------------------------------------------
@@ -234,18 +243,29 @@ class SessionWorkflow:
         if input.resume is not None:
             await self._busy_period(input.resume)
         while True:
-            if not (self.pending_wake or self.force_requested):
+            if not self._owed():
                 try:
-                    await workflow.wait_condition(
-                        lambda: self.pending_wake or self.force_requested, timeout=LINGER
-                    )
+                    await workflow.wait_condition(self._owed, timeout=LINGER)
                 except TimeoutError:
-                    break
+                    # Ending: let handlers finish, unless they (or a signal) ask for more work.
+                    await workflow.wait_condition(lambda: self._owed() or self._handlers_done())
+                    if not self._owed():
+                        return
+                    continue
             await self._busy_period()
-            if workflow.info().is_continue_as_new_suggested():
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self._carry())
-        await workflow.wait_condition(workflow.all_handlers_finished)
+            if workflow.info().is_continue_as_new_suggested() and not self._owed():
+                # Never block on handlers while work is owed: a resume that arrived while an
+                # interrupt settled waits for the next busy period, which must then start.
+                await workflow.wait_condition(lambda: self._owed() or self._handlers_done())
+                if not self._owed():
+                    workflow.continue_as_new(self._carry())
+
+    def _owed(self) -> bool:
+        return self.pending_wake or self.force_requested
+
+    @staticmethod
+    def _handlers_done() -> bool:
+        return workflow.all_handlers_finished()
 
     def _carry(self, resume: DrainResume | None = None) -> DrainInput:
         return DrainInput(
@@ -268,9 +288,9 @@ class SessionWorkflow:
         self.busy, self.stopping, self.interrupt_reason = True, False, None
         outcome = Outcome(type="succeeded")
         try:
-            claim = resume.claim if resume is not None else await self._acquire(period)
-            self.claim = claim
-            self.drain_task = asyncio.create_task(self._drains(claim, force, resume))
+            # Claiming runs inside the cancellable task too: the claim may wait a whole lease
+            # behind another execution, and an interrupt must not wait with it.
+            self.drain_task = asyncio.create_task(self._claim_and_drain(period, force, resume))
             await self.drain_task
         except (Interrupted, asyncio.CancelledError):
             outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
@@ -288,6 +308,12 @@ class SessionWorkflow:
             del self.outcomes[old]
         self.busy = self.stopping = self.settling = False
         self.claim, self.drain_task, self.phase = None, None, "idle"
+
+    async def _claim_and_drain(self, period: int, force: bool, resume: DrainResume | None) -> None:
+        claim = resume.claim if resume is not None else await self._acquire(period)
+        self.claim = claim
+        self._check_stopping()  # interrupted just as the claim was granted
+        await self._drains(claim, force, resume)
 
     async def _acquire(self, period: int) -> ClaimRef:
         info = workflow.info()
@@ -320,11 +346,13 @@ class SessionWorkflow:
         while self.pending_wake and not self.stopping:
             self.pending_wake = False
             await self._drain(claim, False)
+        self._check_stopping()
 
     async def _drain(self, claim: ClaimRef, force: bool) -> None:
         self.phase = "preparing"
         request = PrepareInput(claim=claim, force=force)
         prep = await call("prepare_drain", request, PrepareResult, "prepare drain", SHORT)
+        self._check_stopping()
         if prep.failure is not None:
             raise DrainFailure(prep.failure)
         if not prep.run:
@@ -344,7 +372,9 @@ class SessionWorkflow:
                 step += 1
                 promotion = "steer"
                 if not needs:
+                    self._check_stopping()
                     needs = (await self._pending(claim)).steer
+            self._check_stopping()
             pending = await self._pending(claim)
             if not (pending.steer or pending.queue):
                 return
@@ -387,23 +417,33 @@ class SessionWorkflow:
             self.step, self.current_assistant, self.phase = step, assistant_id, "streaming"
             turn = TurnResult(assistant_message_id=assistant_id, step=step)
             try:
+                self._check_stopping()
                 turn = await self._stream(claim, assistant_id, step, promotion, max_steps, retry)
                 step, promotion = turn.step, None
                 outcomes = await self._settle_tools(claim, assistant_id, turn.calls)
-            except asyncio.CancelledError:
+                # An interrupt may land just as the work finished: the SDK then hands back the
+                # result, so the boundary decides.
+                self._check_stopping()
+                self.turns += 1
+                infrastructure = next(
+                    (o.error for o in outcomes if o.status == "infrastructure"), None
+                )
+                allowed = max_steps is None or step < max_steps
+                if turn.retryable and retry < MAX_RETRIES and allowed and infrastructure is None:
+                    await self._schedule_retry(claim, turn, retry)
+                    retry, step = retry + 1, step + 1
+                    continue
+            except (asyncio.CancelledError, Interrupted):
                 await self._abort_step(claim, turn)
                 raise Interrupted() from None
-            self.turns += 1
-            infrastructure = next((o.error for o in outcomes if o.status == "infrastructure"), None)
-            allowed = max_steps is None or step < max_steps
-            if turn.retryable and retry < MAX_RETRIES and allowed and infrastructure is None:
-                await self._schedule_retry(claim, turn, retry)
-                retry, step = retry + 1, step + 1
-                continue
             result = await self._finish_step(claim, turn, infrastructure=infrastructure)
             if result.failure is not None:
                 raise DrainFailure(result.failure)
             return result.needs_continuation, step
+
+    def _check_stopping(self) -> None:
+        if self.stopping:
+            raise Interrupted()
 
     async def _stream(
         self,
@@ -504,8 +544,14 @@ class SessionWorkflow:
             retry_attempt=retry + 2,
         )
         await call("finish_step", request, FinishStepResult, "schedule retry", SHORT)
+        self._check_stopping()
         self.phase = "retrying"
-        await workflow.sleep(timedelta(milliseconds=delay_ms))
+        # A durable timer that an interrupt ends early.
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: self.stopping, timeout=timedelta(milliseconds=delay_ms)
+            )
+        self._check_stopping()
 
     async def _finish_step(
         self,

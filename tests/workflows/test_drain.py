@@ -491,3 +491,46 @@ async def test_a_large_tool_output_is_cut_for_the_model_and_kept_whole_in_the_st
     assert "[truncated:" in sent and len(sent) < 51_000
     history = await h.client._handle(sid).fetch_history()
     assert max(len(e.SerializeToString()) for e in history.events) < 8_000
+
+
+async def test_an_interrupt_while_claiming_ends_the_busy_period_without_a_turn(
+    h: Harness,
+) -> None:
+    sid = await h.session([{"text": "never"}])
+    other = await h.store.claims.acquire(sid, "exec_other", "owner-other", lease_ms=60_000)
+    await h.client.prompt(sid, "Go")
+    await h.until(_phase(h, sid, "claiming"))
+    assert await h.client.interrupt(sid) is True
+    await h.client.wait_idle(sid, timeout=20)
+    assert h.requests() == []
+    assert "session.execution.started" not in await h.types(sid)
+    await h.store.claims.release(other)
+
+
+def _phase(h: Harness, sid: str, phase: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        status = await h.client.status(sid)
+        return status.drain is not None and status.drain.phase == phase
+
+    return check
+
+
+async def test_an_interrupt_during_a_retry_backoff_settles_the_step(h: Harness) -> None:
+    sid = await h.session(
+        [{"error": {"kind": "transport", "message": "Disconnected"}}], [{"text": "late"}]
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(_phase(h, sid, "retrying"))
+    assert await h.client.interrupt(sid) is True
+    await h.client.wait_idle(sid, timeout=20)
+    types = await h.types(sid)
+    tail = [t for t in types if t.startswith(("session.step", "session.retry", "session.exec"))]
+    assert tail[-4:] == [
+        "session.step.started",
+        "session.retry.scheduled",
+        "session.step.failed",
+        "session.execution.interrupted",
+    ]
+    assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
+    assert assistant.error.message == "Step interrupted" and assistant.finish == "error"
+    assert len(h.requests()) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -176,3 +177,18 @@ async def test_continue_as_new_mid_busy_period_carries_the_claim_and_step(
         assert all(
             a.tool(f"c{i}").state.status == "completed" for i, a in enumerate(assistants[:6])
         )
+
+
+async def test_a_resume_sent_while_an_interrupt_settles_runs_even_when_history_is_long(
+    small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    async with harness(small_history_env.client, store, tmp_path) as h:
+        sid = await h.session(
+            [call("g1", "gate", gate=h.gate_file("never"))], [{"text": "resumed"}]
+        )
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: h.gate.active == 1)
+        assert await h.client.interrupt(sid)
+        outcome = await asyncio.wait_for(h.client.resume(sid), 30)
+        assert outcome.type == "succeeded"
+        assert len(h.requests()) == 2

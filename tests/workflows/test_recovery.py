@@ -275,3 +275,15 @@ async def test_a_killed_workers_tool_processes_are_reaped(
         killed = reap_orphans()  # what every worker does at start and every 10 s
         assert killed
         await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
+
+
+async def test_a_retry_after_longer_than_the_lease_keeps_the_claim(short_lease: Harness) -> None:
+    h = short_lease
+    error = {"kind": "rate_limit", "message": "Slow down", "retry_after_ms": 3500}
+    sid = await h.session([{"error": error}], [{"text": "after the wait"}])
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: len(h.requests()) == 2, timeout=30)
+    await h.client.wait_idle(sid, timeout=30)
+    types = await h.types(sid)
+    assert types[-1] == "session.execution.succeeded"
+    assert "session.synthetic" not in types  # no takeover, no restart message
