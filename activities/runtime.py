@@ -15,7 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.providers.base import Provider
-from activities.providers.scripted import ScriptedProvider
+from activities.providers.registry import environment_settings, make_provider
 from activities.tools.base import ToolRegistry
 from sessionflow.errors import ClaimHeldError, ClaimLostError, SessionflowError
 from sessionflow.models.common import ModelRef
@@ -29,14 +29,24 @@ HEARTBEAT_SECONDS = 0.5
 
 
 def default_providers(model: ModelRef) -> Provider:
-    if model.provider_id == "scripted":
-        return ScriptedProvider(model.id)
-    raise ApplicationError(
-        f"Unknown model provider {model.provider_id!r} in {model}: this worker knows "
-        f"scripted/<path to script>",
-        type="ProviderNotFound",
-        non_retryable=True,
-    )
+    """The adapter for ``model``, configured from the environment (``providers/settings.py``)."""
+    try:
+        settings = environment_settings()
+    except ValueError as error:
+        # A bad setting stays bad on every retry: fail the turn with the variable's name.
+        raise ApplicationError(
+            f"Invalid provider settings: {error}", type="ProviderSettings", non_retryable=True
+        ) from error
+    provider = make_provider(model, settings)
+    if provider is None:
+        raise ApplicationError(
+            f"Unknown model provider {model.provider_id!r} in {model}: this worker knows "
+            "openai/<model> (Responses), openai-chat/<model> (Chat Completions, also for "
+            "compatible servers), anthropic/<model> and scripted/<path to script>",
+            type="ProviderNotFound",
+            non_retryable=True,
+        )
+    return provider
 
 
 @dataclass

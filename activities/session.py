@@ -180,16 +180,8 @@ class SessionActivities:
         """Settle a step after all its tools: at most one terminal step event (ref. §4.5.14)."""
         turn, claim = request.turn, to_claim(request.claim)
         async with translated():
-            messages = await self.store.sessions.messages(claim.session_id)
-            message = next(
-                (
-                    m
-                    for m in messages
-                    if isinstance(m, AssistantMessage) and m.id == turn.assistant_message_id
-                ),
-                None,
-            )
-            if message is None:
+            message = await self.store.sessions.message(claim.session_id, turn.assistant_message_id)
+            if not isinstance(message, AssistantMessage):
                 return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
             async with self.store.claims.fenced(claim, step_attempt=request.attempt) as tx:
                 return await self._settle(tx, request, message)

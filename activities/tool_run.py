@@ -64,10 +64,9 @@ class ToolActivities:
     async def _part(self, claim: Claim, request: ToolInput) -> tuple[ToolPart | None, Path]:
         store = self.rt.store
         session = await store.sessions.get(claim.session_id)
-        for message in await store.sessions.messages(claim.session_id):
-            if isinstance(message, AssistantMessage) and message.id == request.assistant_message_id:
-                return message.tool(request.call_id), Path(session.directory)
-        return None, Path(session.directory)
+        message = await store.sessions.message(claim.session_id, request.assistant_message_id)
+        part = message.tool(request.call_id) if isinstance(message, AssistantMessage) else None
+        return part, Path(session.directory)
 
     async def _execute(
         self, claim: Claim, request: ToolInput, tool: Any, part: ToolPart, workspace: Path

@@ -21,6 +21,7 @@ from activities.history import (
     to_request_messages,
 )
 from activities.providers import base as p
+from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
@@ -198,6 +199,7 @@ class _Stream:
             started=publisher.step_started,
             finish=publisher.finish,
             tokens=publisher.tokens,
+            cost=cost(publisher.model, publisher.tokens) if publisher.tokens else 0.0,
             calls=tuple(self.calls),
             step_failure=None if retryable else publisher.step_failure,
             provider_failed=publisher.provider_failed,

@@ -111,6 +111,15 @@ class Sessions:
             rows = (await conn.execute(query.limit(limit))).all()
         return [_info(row) for row in rows]
 
+    async def message(self, session_id: str, message_id: str) -> Message | None:
+        """One projected message (None if the session has no such message)."""
+        query = sa.select(message_table.c.data).where(
+            message_table.c.id == message_id, message_table.c.session_id == session_id
+        )
+        async with self.db.read() as conn:
+            data = (await conn.execute(query)).scalar_one_or_none()
+        return None if data is None else MESSAGE_ADAPTER.validate_python(codec.loads(data))
+
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)

@@ -1,0 +1,42 @@
+"""Which adapter serves a model reference: ``<provider>/<model>``.
+
+| reference | adapter |
+| --- | --- |
+| ``openai/<model>`` | OpenAI Responses |
+| ``openai-chat/<model>`` | Chat Completions (OpenAI or a compatible server) |
+| ``anthropic/<model>`` | Anthropic Messages |
+| ``scripted/<path>`` | the scripted provider (a JSON script of turns) |
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from activities.providers.anthropic_messages import AnthropicProvider
+from activities.providers.base import Provider
+from activities.providers.openai_chat import OpenAIChatProvider
+from activities.providers.openai_responses import OpenAIResponsesProvider
+from activities.providers.scripted import ScriptedProvider
+from activities.providers.settings import ProviderSettings
+from sessionflow.models.common import ModelRef
+
+PROVIDER_IDS = ("openai", "openai-chat", "anthropic", "scripted")
+
+
+def make_provider(model: ModelRef, settings: ProviderSettings) -> Provider | None:
+    """The adapter for ``model``, or ``None`` when no adapter serves its provider."""
+    if model.provider_id == "scripted":
+        return ScriptedProvider(model.id)
+    if model.provider_id == "openai":
+        return OpenAIResponsesProvider(settings)
+    if model.provider_id == "openai-chat":
+        return OpenAIChatProvider(settings)
+    if model.provider_id == "anthropic":
+        return AnthropicProvider(settings)
+    return None
+
+
+@lru_cache(maxsize=1)
+def environment_settings() -> ProviderSettings:
+    """The settings of this process's environment, read once (STYLE 16)."""
+    return ProviderSettings.from_env()

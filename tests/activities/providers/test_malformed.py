@@ -1,0 +1,258 @@
+"""Hostile streams (reliability catalogue P1-P7): typed errors or events the publisher accepts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from activities.providers import base as p
+from activities.providers.assembly import MAX_TOOL_INPUT_BYTES
+from sessionflow.models import events as ev
+from tests.activities.providers.server import ReplayServer, Reply, sse
+from tests.activities.providers.support import publish, request, run, settings
+
+ANTHROPIC = "anthropic/claude-haiku-4-5"
+CHAT = "openai-chat/gpt-4o-mini"
+RESPONSES = "openai/gpt-5"
+
+
+def a(kind: str, **fields: object) -> bytes:
+    return sse({"type": kind, **fields}, event=kind)
+
+
+def tool_use(index: int, call_id: str, kind: str = "tool_use") -> bytes:
+    block = {"type": kind, "id": call_id, "name": "echo", "input": {}}
+    return a("content_block_start", index=index, content_block=block)
+
+
+def json_delta(index: int, text: str) -> bytes:
+    return a(
+        "content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": text}
+    )
+
+
+def text_block(index: int, text: str) -> list[bytes]:
+    return [
+        a("content_block_start", index=index, content_block={"type": "text", "text": ""}),
+        a("content_block_delta", index=index, delta={"type": "text_delta", "text": text}),
+    ]
+
+
+END = [a("message_delta", delta={"stop_reason": "end_turn"}, usage={}), a("message_stop")]
+
+
+def chat(delta: dict[str, object], finish: str | None = None) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def failed_inputs(events: list[object]) -> list[str]:
+    """Call ids the publisher rejected as malformed tool input."""
+    queued = publish(events).take()
+    return [
+        e.call_id
+        for e in queued
+        if isinstance(e, ev.ToolFailed) and e.error.type == "tool.input-json"
+    ]
+
+
+async def test_a_result_for_a_call_never_made_is_a_protocol_error(server: ReplayServer) -> None:
+    """P1: no orphan result reaches the publisher."""
+    result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_x", "content": []}
+    server.queue(
+        Reply.events(*text_block(0, "hi"), a("content_block_start", index=1, content_block=result))
+    )
+    outcome = await run(settings(server), request(ANTHROPIC))
+    assert outcome.error is not None
+    assert outcome.error.kind == "invalid_output"
+    assert "Tool result before call: srvtoolu_x" in outcome.error.message
+    assert not outcome.of(p.ToolResult)
+
+
+async def test_duplicate_call_ids_are_called_once(server: ReplayServer) -> None:
+    """P2: the second call with a known id is dropped, deterministically."""
+    server.queue(
+        Reply.events(
+            tool_use(0, "toolu_1"),
+            json_delta(0, '{"text": "a"}'),
+            a("content_block_stop", index=0),
+            tool_use(1, "toolu_1"),
+            json_delta(1, '{"text": "b"}'),
+            a("content_block_stop", index=1),
+            *END,
+        )
+    )
+    outcome = await run(settings(server), request(ANTHROPIC))
+    assert outcome.of(p.ToolCall) == [
+        p.ToolCall(call_id="toolu_1", name="echo", input='{"text": "a"}')
+    ]
+    assert len(publish(outcome.events).local_calls) == 1
+
+
+async def test_duplicate_call_ids_in_chat_and_responses_are_called_once(
+    server: ReplayServer,
+) -> None:
+    first = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": "{}"}}
+    second = {"index": 1, "id": "call_1", "function": {"name": "echo", "arguments": "{}"}}
+    server.queue(
+        Reply.events(chat({"tool_calls": [first]}), chat({"tool_calls": [second]}, "tool_calls"))
+    )
+    outcome = await run(settings(server), request(CHAT))
+    assert [call.call_id for call in outcome.of(p.ToolCall)] == ["call_1"]
+
+    item = {"type": "function_call", "call_id": "call_1", "name": "echo", "arguments": "{}"}
+    server.queue(
+        Reply.events(
+            a("response.output_item.done", output_index=0, item={**item, "id": "fc_1"}),
+            a("response.output_item.done", output_index=1, item={**item, "id": "fc_2"}),
+            a("response.completed", response={"status": "completed"}),
+        )
+    )
+    outcome = await run(settings(server), request(RESPONSES))
+    assert [call.call_id for call in outcome.of(p.ToolCall)] == ["call_1"]
+    publish(outcome.events)
+
+
+async def test_out_of_order_blocks_are_assembled_or_dropped(server: ReplayServer) -> None:
+    """P7: deltas for blocks never opened are dropped; a second text start closes the first."""
+    server.queue(
+        Reply.events(
+            a("content_block_delta", index=5, delta={"type": "text_delta", "text": "lost"}),
+            json_delta(6, '{"x": 1}'),
+            a("content_block_stop", index=7),
+            *text_block(0, "one"),
+            *text_block(1, "two"),  # index 0 never stopped
+            a("content_block_delta", index=0, delta={"type": "text_delta", "text": "late"}),
+            a("content_block_start", index=1, content_block={"type": "text", "text": ""}),
+            a("content_block_stop", index=1),
+            *END,
+        )
+    )
+    outcome = await run(settings(server), request(ANTHROPIC))
+    assert outcome.error is None
+    assert outcome.events[:-1] == [
+        p.TextStart(id="text-1"),
+        p.TextDelta(id="text-1", delta="one"),
+        p.TextEnd(id="text-1"),
+        p.TextStart(id="text-2"),
+        p.TextDelta(id="text-2", delta="two"),
+        p.TextEnd(id="text-2"),
+    ]
+    publish(outcome.events)
+
+
+async def test_a_stream_cut_inside_a_tool_block_calls_nothing(server: ReplayServer) -> None:
+    """P4: no tool starts until its argument block closed."""
+    server.queue(Reply.events(tool_use(0, "toolu_1"), json_delta(0, '{"text": "a"}'), reset=True))
+    outcome = await run(settings(server), request(ANTHROPIC))
+    assert outcome.error is not None and outcome.error.kind == "transport"
+    assert not outcome.of(p.ToolCall)
+    published = publish(outcome.events)
+    assert published.local_calls == []
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"text": "never closes',
+        '{"text": "\\q invalid escape"}',
+        '{"text": NaN}',
+        "[" * 10_000 + "]" * 10_000,
+        '["not", "an", "object"]',
+    ],
+    ids=["unclosed", "bad-escape", "nan", "deep", "array"],
+)
+async def test_malformed_arguments_become_a_tool_error_the_model_reads(
+    server: ReplayServer, arguments: str
+) -> None:
+    """P5: rejected with an error result, never executed."""
+    call = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": arguments}}
+    server.queue(Reply.events(chat({"tool_calls": [call]}), chat({}, "tool_calls")))
+    started = time.monotonic()
+    outcome = await run(settings(server), request(CHAT))
+    assert failed_inputs(outcome.events) == ["call_1"]
+    assert time.monotonic() - started < 1.0
+
+
+async def test_enormous_arguments_are_capped_not_buffered(server: ReplayServer) -> None:
+    """P5: a 3 MB argument stream stops streaming at the cap and is rejected."""
+    piece = "x" * 256 * 1024
+    events = [tool_use(0, "toolu_big"), json_delta(0, '{"text": "')]
+    events += [json_delta(0, piece) for _ in range(12)]
+    events += [json_delta(0, '"}'), a("content_block_stop", index=0), *END]
+    server.queue(Reply.events(*events))
+    started = time.monotonic()
+    outcome = await run(settings(server), request(ANTHROPIC))
+    assert time.monotonic() - started < 2.0
+    streamed = sum(len(e.delta) for e in outcome.of(p.ToolInputDelta))
+    assert streamed <= MAX_TOOL_INPUT_BYTES
+    assert outcome.of(p.ToolCall)[0].input is None
+    assert failed_inputs(outcome.events) == ["toolu_big"]
+
+
+async def test_unknown_events_and_fields_are_ignored_and_logged(
+    server: ReplayServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """P6: forward compatible."""
+    server.queue(
+        Reply.events(
+            a("message_start", message={"usage": {"input_tokens": 3}}, brand_new=True),
+            a("content_block_start", index=0, content_block={"type": "hologram"}),
+            a("content_block_stop", index=0),
+            a("quantum_event", payload=[1, 2]),
+            sse([1, 2, 3], event="content_block_delta"),
+            *text_block(1, "ok"),
+            a("content_block_stop", index=1),
+            *END,
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="activities.providers"):
+        outcome = await run(settings(server), request(ANTHROPIC))
+    assert outcome.error is None
+    assert [type(e) for e in outcome.events] == [p.TextStart, p.TextDelta, p.TextEnd, p.StepFinish]
+    logged = caplog.text
+    assert "quantum_event" in logged and "hologram" in logged and "not a JSON object" in logged
+
+
+async def test_fields_of_the_wrong_type_read_as_absent(server: ReplayServer) -> None:
+    server.queue(
+        Reply.events(
+            sse({"choices": "nope", "usage": 7}),
+            sse({"choices": [7, {"index": "x", "delta": {"content": 5, "tool_calls": "bad"}}]}),
+            sse({"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": 3}]}),
+            chat({}, "stop"),
+            sse({"choices": [], "usage": {"prompt_tokens": -4, "completion_tokens": 1e309}}),
+        )
+    )
+    outcome = await run(settings(server), request(CHAT))
+    assert outcome.error is None
+    assert outcome.of(p.TextDelta) == [p.TextDelta(id="text-1", delta="fine")]
+    assert outcome.finish == p.StepFinish(reason="stop", usage=p.Usage())
+
+
+async def test_a_corrupt_event_is_invalid_output(server: ReplayServer) -> None:
+    server.queue(Reply.events(chat({"content": "a"}), b'data: {"choices": [\n\n'))
+    outcome = await run(settings(server), request(CHAT))
+    assert outcome.error is not None and outcome.error.kind == "invalid_output"
+    assert not outcome.error.retryable
+
+
+async def test_a_reset_after_the_finish_keeps_the_finished_turn(server: ReplayServer) -> None:
+    server.queue(Reply.events(chat({"content": "done"}), chat({}, "stop"), reset=True))
+    outcome = await run(settings(server), request(CHAT))
+    assert outcome.error is None
+    assert outcome.finish.reason == "stop"
+
+
+async def test_events_after_the_end_are_ignored(server: ReplayServer) -> None:
+    server.queue(
+        Reply.events(
+            a("response.completed", response={"status": "completed"}),
+            a("response.output_item.added", output_index=0, item={"type": "message", "id": "m"}),
+        )
+    )
+    outcome = await run(settings(server), request(RESPONSES))
+    assert outcome.events == [p.StepFinish(reason="stop")]
+    assert json.dumps(outcome.finish.usage.model_dump()) == json.dumps(p.Usage().model_dump())
