@@ -62,6 +62,9 @@ class Options:
     heartbeat: timedelta | None = None
     # Interruptible activities heartbeat; the workflow waits until they really stopped.
     cancellation: workflow.ActivityCancellationType = workflow.ActivityCancellationType.TRY_CANCEL
+    # Short bookkeeping runs as a local activity: in the workflow's own task, saving a
+    # round trip through the server (~35 ms here) on the path between two model turns.
+    local: bool = False
 
 
 # Settlement activities are short and always run to the end, even when an interrupt cancels
@@ -75,6 +78,7 @@ SHORT = Options(
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    local=True,
 )
 CLAIM = Options(
     timedelta(seconds=60),
@@ -113,6 +117,17 @@ TOOL = Options(
 
 async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
     """Run an activity by name (workflows hold no activity code) with typed input and output."""
+    if options.local:
+        local = await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=options.start_to_close,
+            retry_policy=options.retry,
+            cancellation_type=options.cancellation,
+            summary=summary,
+        )
+        return cast(T, local)
     result = await workflow.execute_activity(
         name,
         arg,
