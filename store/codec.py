@@ -4,7 +4,7 @@ Every JSON document we store (event payloads, message data, prompts) is written 
 compact JSON, non-ASCII kept as UTF-8, and two escapes that make any Python string storable:
 
 - NUL is written as ``\\u0000`` (JSON's own escape), because PostgreSQL ``text`` rejects the byte;
-- a lone surrogate (U+D800 to U+DFFF) is written as its ``\\udXXX`` escape, because neither
+- a lone surrogate (U+D800 to U+DFFF) is written as its ``\\udnnn`` escape, because neither
   driver can encode it to UTF-8.
 
 ``loads`` restores the exact string. Invalid UTF-8 from a subprocess or a file should be decoded

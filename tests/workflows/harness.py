@@ -19,6 +19,11 @@ from tests.workflows.tools import Gate, registry
 from worker import build_worker
 
 
+def call(call_id: str, name: str = "echo", **tool_input: object) -> dict[str, Any]:
+    """A scripted local tool call."""
+    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
+
+
 class Harness:
     def __init__(self, client: SessionClient, store: Store, root: Path) -> None:
         self.client = client

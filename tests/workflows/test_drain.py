@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.workflows.harness import Harness
+from tests.workflows.harness import Harness, call
 
 
 async def test_a_prompt_runs_one_plain_text_turn(h: Harness) -> None:
@@ -25,10 +25,6 @@ async def test_a_prompt_runs_one_plain_text_turn(h: Harness) -> None:
         "session.execution.succeeded",
     ]
     assert len(h.requests()) == 1
-
-
-def call(call_id: str, name: str = "echo", **tool_input: object) -> dict[str, object]:
-    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
 
 
 def assistant_events(events: list, assistant_id: str) -> list[str]:

@@ -19,16 +19,12 @@ from temporalio.worker import Replayer
 from sessionflow.client import SESSION_ID_ATTRIBUTE
 from store import Store
 from tests.conftest import temporal_binary
-from tests.workflows.harness import Harness, harness
+from tests.workflows.harness import Harness, call, harness
 from tests.workflows.reordered import ReorderedSessionWorkflow
 from workflows.session import SessionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 MAX_PAYLOAD_BYTES = 4096
-
-
-def call(call_id: str, name: str = "echo", **tool_input: object) -> dict[str, object]:
-    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
 
 
 REPRESENTATIVE = (

@@ -19,11 +19,7 @@ from activities.session import BUDGET_MESSAGE, RESTART_TEXT
 from sessionflow.models.drain import SweepInput, SweepResult
 from store import Store
 from tests.conftest import StoreFactory, Target
-from tests.workflows.harness import Harness, harness
-
-
-def call(call_id: str, name: str, **tool_input: object) -> dict[str, object]:
-    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
+from tests.workflows.harness import Harness, call, harness
 
 
 async def sweep(h: Harness, env: WorkflowEnvironment) -> SweepResult:

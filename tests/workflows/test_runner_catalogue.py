@@ -24,7 +24,7 @@ from sessionflow.models.common import ModelRef, SessionError
 from sessionflow.models.messages import AssistantMessage, ReasoningPart
 from store import open_store
 from store.events import SerializedEvent, StoredEvent, Synced
-from tests.workflows.harness import Harness
+from tests.workflows.harness import Harness, call
 from tests.workflows.tools import Gate, registry
 
 PROVIDER_UNAVAILABLE = {"error": {"kind": "transport", "message": "Provider unavailable"}}
@@ -37,10 +37,6 @@ TRANSPORT = SessionError(type="provider.transport", message="Provider unavailabl
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def call(call_id: str, name: str = "echo", **tool_input: object) -> dict[str, Any]:
-    return {"tool_call": {"id": call_id, "name": name, "input": tool_input}}
 
 
 def raw(kind: str, **fields: object) -> dict[str, Any]:
