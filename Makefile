@@ -26,6 +26,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/store.py
+	$(PY) bench/drain.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow
