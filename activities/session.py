@@ -167,10 +167,8 @@ class SessionActivities:
 
     @activity.defn
     async def pending_inputs(self, request: PendingInput) -> PendingResult:
-        sid = request.claim.session_id
         async with translated():
-            steer = await self.store.inputs.has_pending(sid, "steer")
-            queue = await self.store.inputs.has_pending(sid, "queue")
+            steer, queue = await self.store.inputs.pending_deliveries(request.claim.session_id)
         return PendingResult(steer=steer, queue=queue)
 
     # --- step settlement ------------------------------------------------------------------------

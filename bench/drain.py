@@ -467,9 +467,10 @@ async def finished(sf: SessionClient, clock: Clock, sid: str, timeout: float) ->
     system nothing), check it succeeded, and return the session's stored events."""
     await asyncio.wait_for(clock.done(sid).wait(), timeout)
     events = await events_of(sf, sid)
-    terminal = next((e.type for e in reversed(events) if e.type in TERMINAL), None)
-    if terminal != "session.execution.succeeded":
-        raise RuntimeError(f"session {sid} ended with {terminal}")
+    last = next((e for e in reversed(events) if e.type in TERMINAL), None)
+    if last is None or last.type != "session.execution.succeeded":
+        detail = last.data.get("error") if last is not None else None
+        raise RuntimeError(f"session {sid} ended with {last and last.type}: {detail}")
     return events
 
 

@@ -66,7 +66,15 @@ def _sqlite_connect_hook(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_engine(url: str, *, immediate: bool, pool_size: int) -> AsyncEngine:
-    engine = create_async_engine(url, pool_size=pool_size, max_overflow=0, pool_timeout=600)
+    # Every transaction is ended explicitly by its context manager, so the pool's reset on
+    # return would only add a rollback (another thread hop through aiosqlite).
+    engine = create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_timeout=600,
+        pool_reset_on_return=None,
+    )
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
     event.listen(engine.sync_engine, "connect", _sqlite_connect_hook)
     event.listen(engine.sync_engine, "begin", lambda conn: conn.exec_driver_sql(begin))
