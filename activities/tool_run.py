@@ -28,6 +28,7 @@ from store.projector import load_message
 class ToolActivities:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        self._workspaces: dict[str, Path] = {}
 
     @activity.defn
     async def run_tool(self, request: ToolInput) -> ToolOutcome:
@@ -63,10 +64,16 @@ class ToolActivities:
 
     async def _part(self, claim: Claim, request: ToolInput) -> tuple[ToolPart | None, Path]:
         store = self.rt.store
-        session = await store.sessions.get(claim.session_id)
+        workspace = self._workspaces.get(claim.session_id)
+        if workspace is None:
+            # A session's workspace never changes: read it once per worker.
+            workspace = Path((await store.sessions.get(claim.session_id)).directory)
+            if len(self._workspaces) >= 10_000:
+                self._workspaces.clear()
+            self._workspaces[claim.session_id] = workspace
         message = await store.sessions.message(claim.session_id, request.assistant_message_id)
         part = message.tool(request.call_id) if isinstance(message, AssistantMessage) else None
-        return part, Path(session.directory)
+        return part, workspace
 
     async def _execute(
         self, claim: Claim, request: ToolInput, tool: Any, part: ToolPart, workspace: Path
