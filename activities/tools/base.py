@@ -60,11 +60,16 @@ class Tool(Generic[InputT]):
         raise ToolFailure(f"Tool {self.name} cannot run")
 
     def spec(self) -> ToolSpec:
-        return ToolSpec(
-            name=self.name,
-            description=self.description,
-            input_schema=self.input_model.model_json_schema(),
-        )
+        # Built once per tool: generating a JSON schema costs more than the rest of a request.
+        cached: ToolSpec | None = getattr(self, "_spec", None)
+        if cached is None:
+            cached = ToolSpec(
+                name=self.name,
+                description=self.description,
+                input_schema=self.input_model.model_json_schema(),
+            )
+            self._spec = cached
+        return cached
 
 
 class ToolRegistry:
