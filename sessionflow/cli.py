@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -340,21 +341,28 @@ def dev(
             tools_from_env,
         )
 
+        # Ctrl-C from here on stops everything in order, whenever it comes.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         try:
             server, client = await ensure_server(Options.address, ui_port=ui_port)
         except StackError as error:
             raise fail(str(error), UNREACHABLE) from None
         settings = Settings.from_env()
         store = await open_store(Options.database_url or settings.database_url, settings=settings)
-        console.print(f"Temporal UI: [link]{server.ui}[/]  ·  store: {store.db.url}")
-        console.print("worker running; Ctrl-C to stop")
-        await ensure_sweep_schedule(client, task_queue=Options.task_queue)
         reaper = asyncio.create_task(reap_orphans_forever())
         try:
+            await ensure_sweep_schedule(client, task_queue=Options.task_queue)
             async with build_worker(
                 client, store, task_queue=Options.task_queue, tools=tools_from_env(settings)
             ):
-                await asyncio.Event().wait()
+                console.print(f"Temporal UI: {server.ui}", soft_wrap=True, highlight=False)
+                console.print(f"store: {store.db.url}", soft_wrap=True, highlight=False)
+                console.print("worker running; Ctrl-C to stop")
+                await stop.wait()
+                console.print("stopping the worker and the dev server…")
         finally:
             reaper.cancel()
             await store.close()

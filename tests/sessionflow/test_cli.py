@@ -154,6 +154,15 @@ async def test_no_server_reachable_says_what_to_do(tmp_path: Path) -> None:
     assert "sessionflow dev" in done.stderr and "Traceback" not in done.stderr
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (this container's init does not reap orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def free_port() -> int:
     import socket
 
@@ -201,3 +210,31 @@ async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         assert found == [f"session-{session_id}"]
     finally:
         stop_server(state)
+
+
+async def test_dev_runs_the_stack_and_ctrl_c_stops_all_of_it(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    address, ui_port = f"127.0.0.1:{free_port()}", free_port()
+    command = [sys.executable, "-m", "sessionflow.cli", "--temporal", address, "dev"]
+    process = subprocess.Popen(
+        [*command, "--ui-port", str(ui_port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert process.stdout is not None
+        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(3)]
+        assert any("worker running" in line for line in lines), lines
+        server_pid = int((tmp_path / ".sessionflow" / "temporal.pid").read_text())
+        os.kill(server_pid, 0)  # the dev server runs
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(process.wait, 30) in (0, 130)
+        await asyncio.sleep(1)
+        assert not _running(server_pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
