@@ -38,6 +38,18 @@ def assistant_events(events: list, assistant_id: str) -> list[str]:
     ]
 
 
+# A provider-executed call whose result never comes.
+UNANSWERED_SEARCH = {
+    "event": {
+        "kind": "tool-call",
+        "call_id": "ws_1",
+        "name": "web_search",
+        "input": {"query": "x"},
+        "provider_executed": True,
+    }
+}
+
+
 async def run(h: Harness, sid: str, text: str = "Go") -> None:
     await h.client.prompt(sid, text)
     await h.client.wait_idle(sid, timeout=30)
@@ -206,15 +218,7 @@ async def test_non_retryable_failures_are_not_retried(h: Harness) -> None:
 async def test_hosted_tools_without_a_result_fail_the_step(h: Harness) -> None:
     sid = await h.session(
         [
-            {
-                "event": {
-                    "kind": "tool-call",
-                    "call_id": "ws_1",
-                    "name": "web_search",
-                    "input": {"query": "x"},
-                    "provider_executed": True,
-                }
-            },
+            UNANSWERED_SEARCH,
             {"eof": True},
         ],
     )
@@ -234,15 +238,7 @@ async def test_hosted_tools_without_a_result_fail_the_step(h: Harness) -> None:
 async def test_an_unresolved_hosted_tool_still_allows_one_clean_step_end(h: Harness) -> None:
     sid = await h.session(
         [
-            {
-                "event": {
-                    "kind": "tool-call",
-                    "call_id": "ws_1",
-                    "name": "web_search",
-                    "input": {"query": "x"},
-                    "provider_executed": True,
-                }
-            },
+            UNANSWERED_SEARCH,
             {"finish": {"reason": "stop"}},
         ],
     )
