@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from sessionflow.errors import (
     ClaimHeldError,
@@ -30,7 +29,7 @@ from sessionflow.errors import (
     StaleAttemptError,
 )
 from sessionflow.ids import validate_id
-from store.db import Database, Stamp, Tx
+from store.db import Connection, Database, Stamp, Tx
 from store.dialect import for_update, insert, now_ms
 from store.schema import execution_table, recovery_table, session_table
 
@@ -263,7 +262,7 @@ class Claims:
             return await self._lost(conn, claim, step_attempt)
 
     async def _lost(
-        self, conn: AsyncConnection, claim: Claim, step_attempt: int | None = None
+        self, conn: Connection, claim: Claim, step_attempt: int | None = None
     ) -> ClaimLostError:
         query = sa.select(execution_table, now_ms(self.db.dialect).label("now")).where(
             _x.session_id == claim.session_id

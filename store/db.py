@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from store.dialect import DialectName, dialect_of
 
@@ -39,14 +39,35 @@ class Stamp:
     epoch: int
 
 
+class Connection(Protocol):
+    """What the store's queries need of a connection: awaitable ``execute``.
+
+    An ``AsyncConnection``, or on SQLite an ``InlineConnection`` running on the event loop.
+    """
+
+    async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
+
+
 @dataclass
 class Tx:
-    """One write transaction: its connection, its dialect, and what to do after it commits."""
+    """One write transaction: its connection, its dialect, and what to do around its commit.
+
+    ``cache`` is the transaction's unit of work: projections keep the rows they read and
+    change there (a batch of events touching one message reads and writes it once), and a
+    ``before_commit`` hook writes them back.
+    """
 
     conn: Any  # an AsyncConnection, or an InlineConnection on SQLite (the same awaitable API)
     dialect: DialectName
     stamp: Stamp | None = None
     after_commit: list[Callable[[], None]] = field(default_factory=list)
+    before_commit: list[Callable[[Tx], Awaitable[None]]] = field(default_factory=list)
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    async def prepare_commit(self) -> None:
+        """Run the ``before_commit`` hooks (each once, in order, hooks added meanwhile too)."""
+        while self.before_commit:
+            await self.before_commit.pop(0)(self)
 
 
 def _sqlite_connect_hook(dbapi_connection: Any, _record: Any) -> None:
@@ -114,11 +135,18 @@ def _inline_connect_hook(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _inline_sqlite_engine(url: str) -> sa.Engine:
+def _inline_sqlite_engine(url: str, *, immediate: bool) -> sa.Engine:
     sync_url = make_url(url).set(drivername="sqlite")
-    engine = sa.create_engine(sync_url, pool_size=1, max_overflow=0, pool_timeout=600)
+    if immediate:
+        # The one writer: a second inline write cannot begin while one is open.
+        engine = sa.create_engine(sync_url, pool_size=1, max_overflow=0, pool_timeout=600)
+    else:
+        # Never waits for a connection: a read in use while another begins (a read nested in
+        # a write, or a caller that awaits inside its read) opens an overflow connection.
+        engine = sa.create_engine(sync_url, pool_size=2, max_overflow=-1, pool_reset_on_return=None)
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
     event.listen(engine, "connect", _inline_connect_hook)
-    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql(begin))
     return engine
 
 
@@ -130,11 +158,13 @@ class Database:
         self.dialect: DialectName = dialect_of(url)
         self.schema = schema
         self._inline_engine: sa.Engine | None = None
+        self._inline_read_engine: sa.Engine | None = None
         if self.dialect == "sqlite":
             self._ensure_sqlite_dir(url)
             self.write_engine = _sqlite_engine(url, immediate=True, pool_size=1)
             self.read_engine = _sqlite_engine(url, immediate=False, pool_size=4)
-            self._inline_engine = _inline_sqlite_engine(url)
+            self._inline_engine = _inline_sqlite_engine(url, immediate=True)
+            self._inline_read_engine = _inline_sqlite_engine(url, immediate=False)
         else:
             self.write_engine = _postgres_engine(url, schema)
             self.read_engine = self.write_engine
@@ -161,11 +191,13 @@ class Database:
                 tx = Tx(InlineConnection(inline[0]), self.dialect, stamp)
                 with inline[0], inline[1]:
                     yield tx
+                    await tx.prepare_commit()
             else:
                 async with self.write_engine.connect() as conn:
                     tx = Tx(conn, self.dialect, stamp)
                     async with conn.begin():
                         yield tx
+                        await tx.prepare_commit()
         for callback in tx.after_commit:
             callback()
 
@@ -189,10 +221,36 @@ class Database:
             raise
 
     @asynccontextmanager
-    async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read transaction: one consistent snapshot for everything read inside it."""
+    async def read(self) -> AsyncIterator[Connection]:
+        """A read transaction: one consistent snapshot for everything read inside it.
+
+        On SQLite it runs inline on the event loop, like writes (see ``_inline_begin``): a WAL
+        reader never waits for the writer, and the thread hops of aiosqlite would cost far
+        more than the read itself. In the rare moment a snapshot cannot be had at once (a
+        database being recovered by another process), the read takes the aiosqlite path.
+        """
+        inline = self._inline_snapshot() if self._inline_read_engine is not None else None
+        if inline is not None:
+            with inline[0], inline[1]:
+                yield InlineConnection(inline[0])
+            return
         async with self.read_engine.connect() as conn, conn.begin():
             yield conn
+
+    def _inline_snapshot(self) -> tuple[sa.Connection, sa.RootTransaction] | None:
+        assert self._inline_read_engine is not None
+        conn = self._inline_read_engine.connect()
+        try:
+            transaction = conn.begin()
+            # A deferred BEGIN takes its snapshot at the first read: take it now, where a
+            # busy database can still be left to the waiting path.
+            conn.exec_driver_sql("SELECT 1 FROM sqlite_master LIMIT 1")
+            return conn, transaction
+        except sa.exc.OperationalError as error:
+            conn.close()
+            if "locked" in str(error) or "busy" in str(error):
+                return None
+            raise
 
     @asynccontextmanager
     async def serialized(self) -> AsyncIterator[None]:
@@ -218,8 +276,9 @@ class Database:
             await conn.run_sync(_upgrade)
 
     async def dispose(self) -> None:
-        if self._inline_engine is not None:
-            self._inline_engine.dispose()
+        for engine in (self._inline_engine, self._inline_read_engine):
+            if engine is not None:
+                engine.dispose()
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()

@@ -22,7 +22,6 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from sessionflow.errors import (
     InvalidDurableEventError,
@@ -32,7 +31,7 @@ from sessionflow.errors import (
 from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
 from store import codec
-from store.db import Database, Stamp, Tx
+from store.db import Connection, Database, Stamp, Tx
 from store.dialect import NOTIFY_CHANNEL, for_update, insert, is_unique_violation
 from store.notify import Notifier
 from store.registry import EventRegistry
@@ -283,7 +282,7 @@ class EventStore:
             self._after_commit(tx, [results[p.id] for p in fresh], publish=True)
         return [results[p.id] for p in batch]
 
-    async def _existing_ids(self, conn: AsyncConnection, ids: list[str]) -> dict[str, Any]:
+    async def _existing_ids(self, conn: Connection, ids: list[str]) -> dict[str, Any]:
         if not ids:
             return {}
         query = sa.select(event_table).where(event_table.c.id.in_(ids))
@@ -601,7 +600,7 @@ class EventStore:
         yield Synced(aggregate_id, target if target >= 0 else None)
 
 
-async def _latest(conn: AsyncConnection, aggregate_id: str) -> int:
+async def _latest(conn: Connection, aggregate_id: str) -> int:
     query = sa.select(sequence_table.c.seq).where(sequence_table.c.aggregate_id == aggregate_id)
     seq = (await conn.execute(query)).scalar_one_or_none()
     return int(seq) if seq is not None else -1

@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from sessionflow.errors import InputConflictError, LifecycleConflictError, SessionNotFoundError
 from sessionflow.ids import message_id, validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import Delivery, Prompt
 from store import codec
-from store.db import Database, Tx
+from store.db import Connection, Database, Tx
 from store.events import EventStore
 from store.projector import pending_compaction
 from store.schema import input_table, session_table
@@ -187,7 +186,7 @@ def _pending_prompts(session_id: str, delivery: Delivery) -> tuple[sa.ColumnElem
     )
 
 
-async def _require_session(conn: AsyncConnection, session_id: str) -> None:
+async def _require_session(conn: Connection, session_id: str) -> None:
     query = sa.select(session_table.c.id).where(session_table.c.id == session_id)
     if (await conn.execute(query)).scalar_one_or_none() is None:
         raise SessionNotFoundError(session_id)
