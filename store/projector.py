@@ -8,10 +8,10 @@ the event id.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from sessionflow.errors import InvalidDurableEventError, LifecycleConflictError
 from sessionflow.models import events as ev
@@ -34,7 +34,7 @@ from sessionflow.models.messages import (
     UserMessage,
 )
 from store import codec
-from store.db import Tx
+from store.db import Connection, Tx
 from store.dialect import insert
 from store.events import EventStore, StoredEvent
 from store.schema import input_table, message_table, session_table
@@ -126,6 +126,39 @@ async def _touch(tx: Tx, stored: StoredEvent) -> None:
 # --- messages -----------------------------------------------------------------------------------
 
 
+# A transaction's messages (its unit of work, in ``Tx.cache``): a batch of events touching one
+# message reads it once and writes it once, just before the commit.
+_MESSAGES = "projector.messages"
+
+
+@dataclass
+class _Loaded:
+    message: Any
+    updated: int | None = None  # time_updated to write back; None while unchanged
+
+
+def _messages(tx: Tx) -> dict[str, _Loaded]:
+    loaded: dict[str, _Loaded] | None = tx.cache.get(_MESSAGES)
+    if loaded is None:
+        loaded = tx.cache[_MESSAGES] = {}
+        tx.before_commit.append(_write_back)
+    return loaded
+
+
+async def _write_back(tx: Tx) -> None:
+    """Write every changed message of ``tx`` (they stay cached, now unchanged)."""
+    for entry in _messages(tx).values():
+        if entry.updated is None:
+            continue
+        message = entry.message
+        await tx.conn.execute(
+            message_table.update()
+            .where(message_table.c.id == message.id)
+            .values(time_updated=entry.updated, data=codec.dumps(message.model_dump(mode="json")))
+        )
+        entry.updated = None
+
+
 async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
     statement = (
         insert(tx.dialect, message_table)
@@ -143,22 +176,50 @@ async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
     )
     if not await _inserted(tx, statement):
         raise LifecycleConflictError(message.id, "a message with this id already exists")
+    _messages(tx)[message.id] = _Loaded(message)
 
 
 async def _save_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
-    await tx.conn.execute(
-        message_table.update()
-        .where(message_table.c.id == message.id)
-        .values(time_updated=stored.created, data=codec.dumps(message.model_dump(mode="json")))
-    )
+    _messages(tx)[message.id] = _Loaded(message, stored.created)
 
 
 async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
+    """The message as this transaction sees it (its own changes included), or None."""
+    loaded = _messages(tx)
+    entry = loaded.get(message_id)
+    if entry is not None:
+        return entry.message if entry.message.session_id == session_id else None
     query = sa.select(message_table.c.data).where(
         message_table.c.id == message_id, message_table.c.session_id == session_id
     )
     data = (await tx.conn.execute(query)).scalar_one_or_none()
-    return None if data is None else MESSAGE_ADAPTER.validate_python(codec.loads(data))
+    if data is None:
+        return None
+    message = MESSAGE_ADAPTER.validate_python(codec.loads(data))
+    loaded[message_id] = _Loaded(message)
+    return message
+
+
+async def _latest_assistant(tx: Tx, session_id: str) -> AssistantMessage | None:
+    """The session's latest assistant message, as this transaction sees it."""
+    await _write_back(tx)  # the query must see this transaction's changes
+    query = (
+        sa.select(message_table.c.id, message_table.c.data)
+        .where(message_table.c.session_id == session_id)
+        .where(message_table.c.type == "assistant")
+        .order_by(message_table.c.seq.desc())
+        .limit(1)
+    )
+    row = (await tx.conn.execute(query)).first()
+    if row is None:
+        return None
+    entry = _messages(tx).get(row.id)
+    if entry is not None:
+        cached: AssistantMessage = entry.message
+        return cached
+    message = AssistantMessage.model_validate(codec.loads(row.data))
+    _messages(tx)[row.id] = _Loaded(message)
+    return message
 
 
 async def _assistant(tx: Tx, event: Any) -> AssistantMessage:
@@ -222,14 +283,15 @@ async def _admitted(tx: Tx, stored: StoredEvent, event: ev.PromptAdmitted) -> No
     await _touch(tx, stored)
 
 
-async def pending_compaction(conn: AsyncConnection, session_id: str) -> str | None:
+async def pending_compaction(conn: Connection, session_id: str) -> str | None:
     """The id of the session's pending compaction, the barrier in front of every prompt."""
     query = sa.select(input_table.c.id).where(
         input_table.c.session_id == session_id,
         input_table.c.type == "compaction",
         input_table.c.promoted_seq.is_(None),
     )
-    return (await conn.execute(query)).scalar_one_or_none()
+    found: str | None = (await conn.execute(query)).scalar_one_or_none()
+    return found
 
 
 @handles(ev.PromptPromoted)
@@ -353,18 +415,8 @@ async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> N
 
 async def _complete_stale_assistants(tx: Tx, stored: StoredEvent) -> None:
     """A newer step supersedes an older assistant message that never completed."""
-    query = (
-        sa.select(message_table.c.data)
-        .where(message_table.c.session_id == stored.aggregate_id)
-        .where(message_table.c.type == "assistant")
-        .order_by(message_table.c.seq.desc())
-        .limit(1)
-    )
-    data = (await tx.conn.execute(query)).scalar_one_or_none()
-    if data is None:
-        return
-    previous = AssistantMessage.model_validate(codec.loads(data))
-    if previous.time_completed is None:
+    previous = await _latest_assistant(tx, stored.aggregate_id)
+    if previous is not None and previous.time_completed is None:
         previous.time_completed = stored.created
         await _save_message(tx, stored, previous)
 
@@ -415,19 +467,10 @@ async def _retry(tx: Tx, stored: StoredEvent, event: ev.RetryScheduled) -> None:
 
 @handles(ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
 async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
-    query = (
-        sa.select(message_table.c.data)
-        .where(message_table.c.session_id == event.session_id)
-        .where(message_table.c.type == "assistant")
-        .order_by(message_table.c.seq.desc())
-        .limit(1)
-    )
-    data = (await tx.conn.execute(query)).scalar_one_or_none()
-    if data is not None:
-        message = AssistantMessage.model_validate(codec.loads(data))
-        if message.retry is not None:
-            message.retry = None
-            await _save_message(tx, stored, message)
+    message = await _latest_assistant(tx, event.session_id)
+    if message is not None and message.retry is not None:
+        message.retry = None
+        await _save_message(tx, stored, message)
 
 
 # --- text and reasoning -------------------------------------------------------------------------
