@@ -1,8 +1,10 @@
 """``stream_turn``: one provider request, streamed into the store as it arrives.
 
 Promotion happens first (a promoted steer resets the step allowance). Events are appended in
-short batches, so watchers see tokens live; a local ``tool.called`` is flushed at once and then
-signalled to the workflow (``tool_ready``), which starts the tool while the model still streams.
+short batches, so watchers see tokens live; a local ``tool.called`` is flushed as soon as the
+stream lets go of the event loop and then signalled to the workflow (``tools_ready``), which
+starts the tool while the model still streams. Calls that become ready together (parallel calls
+in one chunk, or while the previous signal was on its way) share one write and one signal.
 The result is a small summary: never the transcript.
 """
 
@@ -27,7 +29,7 @@ from activities.runtime import Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
 from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, SessionError
-from sessionflow.models.drain import CallRef, ToolReady, TurnInput, TurnResult, workflow_id
+from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
 from store.claims import Claim
 from store.schema import session_table
 
@@ -123,7 +125,11 @@ class TurnActivities:
 
 
 class _Stream:
-    """One attempt's stream: publishing in batches, signalling local calls once durable."""
+    """One attempt's stream: publishing in batches, signalling local calls once durable.
+
+    Only the courier task writes while the stream runs: the stream hands it events (through
+    the publisher) and ready calls, and it flushes and signals in the order they were made.
+    """
 
     def __init__(
         self,
@@ -137,31 +143,62 @@ class _Stream:
         self.last_step = last_step
         self.last_flush = time.monotonic()
         self.calls: list[CallRef] = []
+        self.ready: list[CallRef] = []
+        self.kick = asyncio.Event()
+        self.closing = self.interrupted = False
 
     async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
         publisher = self.publisher
         raw: p.ProviderError | None = None
+        courier = asyncio.create_task(self._courier())
         try:
-            provider = self.rt.providers(provider_request.model)
-            async for event in provider.stream(provider_request):
-                ready = publisher.handle(event)
-                ready = [call for call in ready if self._available(call)]
-                if ready:
-                    await self.flush()
-                    await self._signal(ready)
-                elif time.monotonic() - self.last_flush >= BATCH_SECONDS:
-                    await self.flush()
-        except p.ProviderError as error:
-            raw = error
-        except StreamProtocolError as error:
-            publisher.fail_assistant(
-                SessionError(type="provider.invalid-output", message=str(error))
-            )
+            try:
+                provider = self.rt.providers(provider_request.model)
+                async for event in provider.stream(provider_request):
+                    if courier.done():
+                        break  # it failed (a lost claim): its error is raised below
+                    ready = [call for call in publisher.handle(event) if self._available(call)]
+                    if ready:
+                        self.ready += ready
+                        self.kick.set()
+                    elif time.monotonic() - self.last_flush >= BATCH_SECONDS:
+                        self.kick.set()
+            except p.ProviderError as error:
+                raw = error
+            except StreamProtocolError as error:
+                publisher.fail_assistant(
+                    SessionError(type="provider.invalid-output", message=str(error))
+                )
+            await self._stop(courier)  # raises what failed it
         except asyncio.CancelledError:
+            # Interrupted: what the stream published stays (partial text is kept), in order.
+            self.interrupted = True
+            await asyncio.shield(self._stop(courier, quiet=True))
             publisher.flush()
             await asyncio.shield(self.flush())
             raise
+        finally:
+            courier.cancel()  # only still running after an unexpected error
         return await self._summarize(raw, step)
+
+    async def _courier(self) -> None:
+        """Flush what the stream published, then signal the calls that flush made durable."""
+        while not self.closing:
+            await self.kick.wait()
+            self.kick.clear()
+            ready, self.ready = self.ready, []
+            await self.flush()
+            if ready and not self.interrupted:
+                await self._signal(ready)
+
+    async def _stop(self, courier: asyncio.Task[None], *, quiet: bool = False) -> None:
+        """Let the courier finish what it holds, then stop it."""
+        self.closing = True
+        self.kick.set()
+        if quiet:
+            await asyncio.gather(courier, return_exceptions=True)
+        else:
+            await courier
 
     def _available(self, call: CallRef) -> bool:
         if not self.last_step:
@@ -193,6 +230,11 @@ class _Stream:
         else:
             publisher.flush()
         await self.flush()
+        if self.ready:
+            # Made durable by the flush above: the workflow would start them from the summary
+            # anyway, but the signal starts them before this activity's result is delivered.
+            ready, self.ready = self.ready, []
+            await self._signal(ready)
         return TurnResult(
             assistant_message_id=self.request.assistant_message_id,
             step=step,
@@ -222,12 +264,7 @@ class _Stream:
         handle = activity.client().get_workflow_handle(
             workflow_id(self.claim.session_id), run_id=info.workflow_run_id
         )
-        for call in calls:
-            await handle.signal(
-                "tool_ready",
-                ToolReady(
-                    assistant_message_id=self.request.assistant_message_id,
-                    call_id=call.call_id,
-                    name=call.name,
-                ),
-            )
+        ready = ToolsReady(
+            assistant_message_id=self.request.assistant_message_id, calls=tuple(calls)
+        )
+        await handle.signal("tools_ready", ready)

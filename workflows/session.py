@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         ToolInput,
         ToolOutcome,
         ToolReady,
+        ToolsReady,
         TurnInput,
         TurnResult,
     )
@@ -220,9 +221,17 @@ class SessionWorkflow:
         return InterruptResult(accepted=self._interrupt(request or InterruptRequest()))
 
     @workflow.signal
-    def tool_ready(self, ready: ToolReady) -> None:
+    def tools_ready(self, ready: ToolsReady) -> None:
+        """The turn activity made these calls durable: start them while the model streams."""
         if self.claim is not None and ready.assistant_message_id == self.current_assistant:
-            self._start_tool(self.claim, ready.assistant_message_id, ready.call_id, ready.name)
+            for call in ready.calls:
+                self._start_tool(self.claim, ready.assistant_message_id, call.call_id, call.name)
+
+    @workflow.signal
+    def tool_ready(self, ready: ToolReady) -> None:
+        """One call at a time, as earlier workers signalled (kept for their histories)."""
+        calls = (CallRef(call_id=ready.call_id, name=ready.name),)
+        self.tools_ready(ToolsReady(assistant_message_id=ready.assistant_message_id, calls=calls))
 
     @workflow.query
     def status(self) -> DrainStatus:

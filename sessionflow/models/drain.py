@@ -82,6 +82,8 @@ class ResumeRequest(Model):
 
 
 class ToolReady(Model):
+    """One call ready to start (the ``tool_ready`` signal of earlier versions; still handled)."""
+
     assistant_message_id: str
     call_id: str
     name: str
@@ -149,6 +151,13 @@ class TurnInput(Model):
 class CallRef(Model):
     call_id: str
     name: str
+
+
+class ToolsReady(Model):
+    """Calls of one step whose ``tool.called`` is durable: the ``tools_ready`` signal."""
+
+    assistant_message_id: str
+    calls: tuple[CallRef, ...]
 
 
 class TurnResult(Model):
