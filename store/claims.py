@@ -30,7 +30,8 @@ from sessionflow.errors import (
 )
 from sessionflow.ids import validate_id
 from store.db import Connection, Database, Stamp, Tx
-from store.dialect import for_update, insert, now_ms
+from store.dialect import DialectName, for_update, insert, now_ms
+from store.prepared import Prepared
 from store.schema import execution_table, recovery_table, session_table
 
 Phase = Literal["ready", "unknown", "continue"]
@@ -204,11 +205,13 @@ class Claims:
         self, tx: Tx, claim: Claim, phase: Phase, assistant_message_id: str | None = None
     ) -> None:
         """Record the phase inside a fenced ``tx`` (which already proved the claim live)."""
-        await tx.conn.execute(
-            execution_table.update()
-            .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
-            .values(phase=phase, assistant_message_id=assistant_message_id)
-        )
+        params = {
+            "sid": claim.session_id,
+            "eid": claim.execution_id,
+            "new_phase": phase,
+            "mid": assistant_message_id,
+        }
+        await _RECORD_PHASE.rows(tx.conn, tx.dialect, params)
 
     async def extend_until(self, tx: Tx, claim: Claim, until_ms: int) -> None:
         """Inside a fenced ``tx``: keep the claim live at least until ``until_ms``."""
@@ -234,26 +237,27 @@ class Claims:
             yield tx
 
     async def _renew_in(self, tx: Tx, claim: Claim, step_attempt: int | None) -> Claim:
-        values: dict[str, Any] = {"expires_at": now_ms(tx.dialect) + claim.lease_ms}
-        conditions = list(_fence(claim, tx))
-        if step_attempt is not None:
-            values["step_attempt"] = step_attempt
-            conditions.append(_x.step_attempt <= step_attempt)
-        result = await tx.conn.execute(
-            execution_table.update()
-            .where(*conditions)
-            .values(**values)
-            .returning(_x.expires_at, _x.step_attempt, _x.phase, _x.assistant_message_id)
-        )
-        row = result.one_or_none()
+        params: dict[str, Any] = {
+            "sid": claim.session_id,
+            "eid": claim.execution_id,
+            "owner": claim.owner_id,
+            "epoch": claim.epoch,
+            "lease": claim.lease_ms,
+        }
+        if step_attempt is None:
+            row = await _RENEW.first(tx.conn, tx.dialect, params)
+        else:
+            params["attempt"] = step_attempt
+            row = await _RENEW_ATTEMPT.first(tx.conn, tx.dialect, params)
         if row is None:
             raise await self._lost(tx.conn, claim, step_attempt)
+        expires_at, attempt, phase, assistant_message_id = row
         return replace(
             claim,
-            expires_at=int(row.expires_at),
-            step_attempt=int(row.step_attempt),
-            phase=row.phase,
-            assistant_message_id=row.assistant_message_id,
+            expires_at=int(expires_at),
+            step_attempt=int(attempt),
+            phase=phase,
+            assistant_message_id=assistant_message_id,
         )
 
     async def why_lost(self, claim: Claim, step_attempt: int | None = None) -> ClaimLostError:
@@ -341,6 +345,43 @@ class Claims:
         await tx.conn.execute(
             recovery_table.delete().where(recovery_table.c.session_id == session_id)
         )
+
+
+def _renew(*, attempt: bool) -> Prepared:
+    """Renew a live claim (the fence of every fenced transaction), optionally moving its step
+    attempt forward: a newer attempt fences out the older one's late writes."""
+
+    def build(dialect: DialectName) -> Any:
+        values: dict[str, Any] = {"expires_at": now_ms(dialect) + sa.bindparam("lease")}
+        conditions = [
+            _x.session_id == sa.bindparam("sid"),
+            _x.id == sa.bindparam("eid"),
+            _x.owner_id == sa.bindparam("owner"),
+            _x.epoch == sa.bindparam("epoch"),
+            _x.expires_at > now_ms(dialect),
+        ]
+        if attempt:
+            values["step_attempt"] = sa.bindparam("attempt")
+            conditions.append(_x.step_attempt <= sa.bindparam("attempt"))
+        return (
+            execution_table.update()
+            .where(*conditions)
+            .values(**values)
+            .returning(_x.expires_at, _x.step_attempt, _x.phase, _x.assistant_message_id)
+        )
+
+    return Prepared(build)
+
+
+_RENEW = _renew(attempt=False)
+_RENEW_ATTEMPT = _renew(attempt=True)
+_RECORD_PHASE = Prepared(
+    lambda _dialect: (
+        execution_table.update()
+        .where(_x.session_id == sa.bindparam("sid"), _x.id == sa.bindparam("eid"))
+        .values(phase=sa.bindparam("new_phase"), assistant_message_id=sa.bindparam("mid"))
+    )
+)
 
 
 def _fence(claim: Claim, tx: Tx) -> tuple[sa.ColumnElement[bool], ...]:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from sessionflow.errors import (
     InvalidDurableEventError,
@@ -32,8 +31,9 @@ from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
 from store import codec
 from store.db import Connection, Database, Stamp, Tx
-from store.dialect import NOTIFY_CHANNEL, for_update, insert, is_unique_violation
+from store.dialect import NOTIFY_CHANNEL, DialectName, for_update, insert, is_unique_violation
 from store.notify import Notifier
+from store.prepared import INTEGRITY_ERRORS, Prepared
 from store.registry import EventRegistry
 from store.schema import event_table, sequence_table
 
@@ -292,23 +292,18 @@ class EventStore:
         """Reserve ``n`` seqs per aggregate; returns the last reserved seq and ``n``."""
         last: dict[str, tuple[int, int]] = {}
         for agg, n in counts.items():
-            statement = insert(tx.dialect, sequence_table).values(aggregate_id=agg, seq=n - 1)
-            statement = statement.on_conflict_do_update(
-                index_elements=[sequence_table.c.aggregate_id],
-                set_={"seq": sequence_table.c.seq + n},
-            ).returning(sequence_table.c.seq)
-            seq = (await tx.conn.execute(statement)).scalar_one()
-            last[agg] = (seq, n)
+            ((seq,),) = await _ALLOCATE.rows(tx.conn, tx.dialect, {"agg": agg, "n": n})
+            last[agg] = (int(seq), n)
         return last
 
     async def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
         try:
-            await tx.conn.execute(event_table.insert(), rows)
-        except IntegrityError as error:
+            await _INSERT.many(tx.conn, tx.dialect, rows)
+        except INTEGRITY_ERRORS as error:
             if not is_unique_violation(error):
                 raise
             first = rows[0]
-            text = str(error.orig)
+            text = str(getattr(error, "orig", error))
             if "pk_event" in text or "event.id" in text:
                 raise InvalidDurableEventError(
                     f"Event {first['id']} already exists (committed concurrently); "
@@ -598,6 +593,18 @@ class EventStore:
                 yield event
             cursor = page.cursor if page.cursor > cursor else target
         yield Synced(aggregate_id, target if target >= 0 else None)
+
+
+def _allocate_statement(dialect: DialectName) -> Any:
+    n = sa.bindparam("n", type_=sa.BigInteger)
+    statement = insert(dialect, sequence_table).values(aggregate_id=sa.bindparam("agg"), seq=n - 1)
+    return statement.on_conflict_do_update(
+        index_elements=[sequence_table.c.aggregate_id], set_={"seq": sequence_table.c.seq + n}
+    ).returning(sequence_table.c.seq)
+
+
+_ALLOCATE = Prepared(_allocate_statement)
+_INSERT = Prepared(lambda _dialect: event_table.insert())
 
 
 async def _latest(conn: Connection, aggregate_id: str) -> int:

@@ -37,6 +37,7 @@ from store import codec
 from store.db import Connection, Tx
 from store.dialect import insert
 from store.events import EventStore, StoredEvent
+from store.prepared import Prepared
 from store.schema import input_table, message_table, session_table
 
 E = TypeVar("E", bound=ev.Event)
@@ -131,6 +132,21 @@ async def _touch(tx: Tx, stored: StoredEvent) -> None:
 _MESSAGES = "projector.messages"
 
 
+MESSAGE_DATA = Prepared(
+    lambda _dialect: sa.select(message_table.c.data).where(
+        message_table.c.id == sa.bindparam("mid"),
+        message_table.c.session_id == sa.bindparam("sid"),
+    )
+)
+_WRITE_BACK = Prepared(
+    lambda _dialect: (
+        message_table.update()
+        .where(message_table.c.id == sa.bindparam("mid"))
+        .values(time_updated=sa.bindparam("updated"), data=sa.bindparam("body"))
+    )
+)
+
+
 @dataclass
 class _Loaded:
     message: Any
@@ -151,11 +167,9 @@ async def _write_back(tx: Tx) -> None:
         if entry.updated is None:
             continue
         message = entry.message
-        await tx.conn.execute(
-            message_table.update()
-            .where(message_table.c.id == message.id)
-            .values(time_updated=entry.updated, data=codec.dumps(message.model_dump(mode="json")))
-        )
+        data = codec.dumps(message.model_dump(mode="json"))
+        params = {"mid": message.id, "updated": entry.updated, "body": data}
+        await _WRITE_BACK.rows(tx.conn, tx.dialect, params)
         entry.updated = None
 
 
@@ -189,13 +203,10 @@ async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
     entry = loaded.get(message_id)
     if entry is not None:
         return entry.message if entry.message.session_id == session_id else None
-    query = sa.select(message_table.c.data).where(
-        message_table.c.id == message_id, message_table.c.session_id == session_id
-    )
-    data = (await tx.conn.execute(query)).scalar_one_or_none()
-    if data is None:
+    row = await MESSAGE_DATA.first(tx.conn, tx.dialect, {"mid": message_id, "sid": session_id})
+    if row is None:
         return None
-    message = MESSAGE_ADAPTER.validate_python(codec.loads(data))
+    message = MESSAGE_ADAPTER.validate_python(codec.loads(row[0]))
     loaded[message_id] = _Loaded(message)
     return message
 

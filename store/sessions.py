@@ -17,6 +17,7 @@ from sessionflow.models.messages import MESSAGE_ADAPTER, Message
 from store import codec
 from store.db import Database
 from store.events import EventStore
+from store.projector import MESSAGE_DATA
 from store.schema import message_table, session_table
 
 DEFAULT_LIST_LIMIT = 100
@@ -113,12 +114,10 @@ class Sessions:
 
     async def message(self, session_id: str, message_id: str) -> Message | None:
         """One projected message (None if the session has no such message)."""
-        query = sa.select(message_table.c.data).where(
-            message_table.c.id == message_id, message_table.c.session_id == session_id
-        )
+        params = {"mid": message_id, "sid": session_id}
         async with self.db.read() as conn:
-            data = (await conn.execute(query)).scalar_one_or_none()
-        return None if data is None else MESSAGE_ADAPTER.validate_python(codec.loads(data))
+            row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
+        return None if row is None else MESSAGE_ADAPTER.validate_python(codec.loads(row[0]))
 
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
