@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class Connection(Protocol):
     """
 
     async def execute(self, statement: Any, parameters: Any = None) -> Any: ...
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any: ...
 
 
 @dataclass
@@ -127,6 +130,10 @@ class InlineConnection:
             return self._conn.exec_driver_sql(statement)
         return self._conn.exec_driver_sql(statement, parameters)
 
+    def driver_connection(self) -> Any:
+        """The sqlite3 connection, inside this connection's transaction (``store.prepared``)."""
+        return self._conn.connection.driver_connection
+
 
 def _inline_connect_hook(dbapi_connection: Any, _record: Any) -> None:
     _sqlite_connect_hook(dbapi_connection, _record)
@@ -146,8 +153,42 @@ def _inline_sqlite_engine(url: str, *, immediate: bool) -> sa.Engine:
         engine = sa.create_engine(sync_url, pool_size=2, max_overflow=-1, pool_reset_on_return=None)
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
     event.listen(engine, "connect", _inline_connect_hook)
-    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql(begin))
+    # Straight to sqlite3: it runs once per transaction, on the event loop.
+    event.listen(engine, "begin", lambda conn: conn.connection.driver_connection.execute(begin))
     return engine
+
+
+class _Kept:
+    """Inline connections kept checked out between transactions (a pool checkout per
+    transaction costs as much as a small read). Used from the event loop only."""
+
+    def __init__(self, engine: sa.Engine, keep: int) -> None:
+        self.engine = engine
+        self.keep = keep
+        self.idle: list[sa.Connection] = []
+
+    def take(self) -> sa.Connection:
+        return self.idle.pop() if self.idle else self.engine.connect()
+
+    def give(self, conn: sa.Connection, *, clean: bool) -> None:
+        """Keep ``conn`` for the next transaction if it ended cleanly, else hand it back."""
+        if clean and len(self.idle) < self.keep:
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def dispose(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+        self.engine.dispose()
+
+
+_BUSY_ERRORS = (sa.exc.OperationalError, sqlite3.OperationalError)
+
+
+def _is_busy(error: BaseException) -> bool:
+    return "locked" in str(error) or "busy" in str(error)
 
 
 class Database:
@@ -157,14 +198,14 @@ class Database:
         self.url = url
         self.dialect: DialectName = dialect_of(url)
         self.schema = schema
-        self._inline_engine: sa.Engine | None = None
-        self._inline_read_engine: sa.Engine | None = None
+        self._writer: _Kept | None = None
+        self._readers: _Kept | None = None
         if self.dialect == "sqlite":
             self._ensure_sqlite_dir(url)
             self.write_engine = _sqlite_engine(url, immediate=True, pool_size=1)
             self.read_engine = _sqlite_engine(url, immediate=False, pool_size=4)
-            self._inline_engine = _inline_sqlite_engine(url, immediate=True)
-            self._inline_read_engine = _inline_sqlite_engine(url, immediate=False)
+            self._writer = _Kept(_inline_sqlite_engine(url, immediate=True), 1)
+            self._readers = _Kept(_inline_sqlite_engine(url, immediate=False), 2)
         else:
             self.write_engine = _postgres_engine(url, schema)
             self.read_engine = self.write_engine
@@ -186,12 +227,19 @@ class Database:
     async def write(self, *, stamp: Stamp | None = None) -> AsyncIterator[Tx]:
         """A write transaction; after-commit callbacks run only if it commits."""
         async with self.serialized():
-            inline = self._inline_begin() if self._inline_engine is not None else None
+            inline = self._inline_begin() if self._writer is not None else None
             if inline is not None:
-                tx = Tx(InlineConnection(inline[0]), self.dialect, stamp)
-                with inline[0], inline[1]:
-                    yield tx
-                    await tx.prepare_commit()
+                assert self._writer is not None
+                sync, transaction = inline
+                tx = Tx(InlineConnection(sync), self.dialect, stamp)
+                clean = False
+                try:
+                    with transaction:
+                        yield tx
+                        await tx.prepare_commit()
+                    clean = True
+                finally:
+                    self._writer.give(sync, clean=clean)
             else:
                 async with self.write_engine.connect() as conn:
                     tx = Tx(conn, self.dialect, stamp)
@@ -210,13 +258,13 @@ class Database:
         (busy_timeout 0), so the loop cannot stall behind another process: then the write
         takes the aiosqlite path, whose connection waits in its thread.
         """
-        assert self._inline_engine is not None
-        conn = self._inline_engine.connect()
+        assert self._writer is not None
+        conn = self._writer.take()
         try:
             return conn, conn.begin()
-        except sa.exc.OperationalError as error:
+        except _BUSY_ERRORS as error:
             conn.close()
-            if "locked" in str(error) or "busy" in str(error):
+            if _is_busy(error):
                 return None
             raise
 
@@ -229,26 +277,35 @@ class Database:
         more than the read itself. In the rare moment a snapshot cannot be had at once (a
         database being recovered by another process), the read takes the aiosqlite path.
         """
-        inline = self._inline_snapshot() if self._inline_read_engine is not None else None
+        inline = self._inline_snapshot() if self._readers is not None else None
         if inline is not None:
-            with inline[0], inline[1]:
-                yield InlineConnection(inline[0])
+            assert self._readers is not None
+            sync, transaction = inline
+            clean = False
+            try:
+                with transaction:
+                    yield InlineConnection(sync)
+                clean = True
+            finally:
+                self._readers.give(sync, clean=clean)
             return
         async with self.read_engine.connect() as conn, conn.begin():
             yield conn
 
     def _inline_snapshot(self) -> tuple[sa.Connection, sa.RootTransaction] | None:
-        assert self._inline_read_engine is not None
-        conn = self._inline_read_engine.connect()
+        assert self._readers is not None
+        conn = self._readers.take()
         try:
             transaction = conn.begin()
             # A deferred BEGIN takes its snapshot at the first read: take it now, where a
             # busy database can still be left to the waiting path.
-            conn.exec_driver_sql("SELECT 1 FROM sqlite_master LIMIT 1")
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            driver.execute("SELECT 1 FROM sqlite_master LIMIT 1")
             return conn, transaction
-        except sa.exc.OperationalError as error:
+        except _BUSY_ERRORS as error:
             conn.close()
-            if "locked" in str(error) or "busy" in str(error):
+            if _is_busy(error):
                 return None
             raise
 
@@ -276,9 +333,9 @@ class Database:
             await conn.run_sync(_upgrade)
 
     async def dispose(self) -> None:
-        for engine in (self._inline_engine, self._inline_read_engine):
-            if engine is not None:
-                engine.dispose()
+        for kept in (self._writer, self._readers):
+            if kept is not None:
+                kept.dispose()
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()
