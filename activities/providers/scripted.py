@@ -107,13 +107,26 @@ class ScriptError(ValueError):
     """The script file is missing or malformed; the message names the file and the problem."""
 
 
+_LOADED: dict[Path, tuple[tuple[int, int], Script]] = {}
+
+
 def load_script(path: Path) -> Script:
+    """The script at ``path``, parsed again only when the file changed (mtime or size)."""
     try:
-        return Script.model_validate_json(path.read_bytes())
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        cached = _LOADED.get(path)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        script = Script.model_validate_json(path.read_bytes())
     except FileNotFoundError as error:
         raise ScriptError(f"Scripted model file not found: {path}") from error
     except ValidationError as error:
         raise ScriptError(f"Invalid scripted model file {path}: {error}") from error
+    if len(_LOADED) >= 256:
+        _LOADED.clear()
+    _LOADED[path] = (version, script)
+    return script
 
 
 class ScriptedProvider:
