@@ -14,6 +14,7 @@ import asyncio
 import time
 from typing import Any
 
+import sqlalchemy as sa
 from temporalio import activity
 
 from activities.history import (
@@ -31,9 +32,18 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
 from store.claims import Claim
+from store.prepared import Prepared
 from store.schema import session_table
 
 BATCH_SECONDS = 0.03
+_COUNT_REQUEST = Prepared(
+    lambda _dialect: (
+        session_table.update()
+        .where(session_table.c.id == sa.bindparam("sid"))
+        .values(request_count=session_table.c.request_count + 1)
+        .returning(session_table.c.request_count)
+    )
+)
 DEFAULT_AGENT = "build"
 
 
@@ -105,13 +115,8 @@ class TurnActivities:
         async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
             # A model call is in flight: a takeover must treat the step's outcome as unknown.
             await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
-            counted = await tx.conn.execute(
-                session_table.update()
-                .where(session_table.c.id == claim.session_id)
-                .values(request_count=session_table.c.request_count + 1)
-                .returning(session_table.c.request_count)
-            )
-            index = int(counted.scalar_one()) - 1
+            ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": claim.session_id})
+            index = int(count) - 1
         return p.ProviderRequest(
             session_id=claim.session_id,
             request_index=index,

@@ -39,6 +39,14 @@ class _Compiled:
     defaults: dict[str, Any]  # values of the statement's own literals
 
 
+def dialect_of_connection(conn: Connection) -> DialectName:
+    if isinstance(conn, InlineConnection):
+        return "sqlite"
+    name = conn.dialect.name  # type: ignore[attr-defined]
+    assert name in ("sqlite", "postgresql"), name
+    return "sqlite" if name == "sqlite" else "postgresql"
+
+
 class Prepared:
     """One statement (per dialect, from ``build``) run with a dict of named parameters."""
 
@@ -78,6 +86,11 @@ class Prepared:
     ) -> Any | None:
         rows = await self.rows(conn, dialect, params)
         return rows[0] if rows else None
+
+    async def scalar(self, conn: Connection, params: dict[str, Any]) -> Any | None:
+        """The first column of the first row (None without rows), on ``conn``'s dialect."""
+        row = await self.first(conn, dialect_of_connection(conn), params)
+        return None if row is None else row[0]
 
     async def many(
         self, conn: Connection, dialect: DialectName, params: Sequence[dict[str, Any]]

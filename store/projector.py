@@ -138,6 +138,15 @@ MESSAGE_DATA = Prepared(
         message_table.c.session_id == sa.bindparam("sid"),
     )
 )
+_LATEST_ASSISTANT = Prepared(
+    lambda _dialect: (
+        sa.select(message_table.c.id, message_table.c.data)
+        .where(message_table.c.session_id == sa.bindparam("sid"))
+        .where(message_table.c.type == "assistant")
+        .order_by(message_table.c.seq.desc())
+        .limit(1)
+    )
+)
 _WRITE_BACK = Prepared(
     lambda _dialect: (
         message_table.update()
@@ -214,22 +223,16 @@ async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
 async def _latest_assistant(tx: Tx, session_id: str) -> AssistantMessage | None:
     """The session's latest assistant message, as this transaction sees it."""
     await _write_back(tx)  # the query must see this transaction's changes
-    query = (
-        sa.select(message_table.c.id, message_table.c.data)
-        .where(message_table.c.session_id == session_id)
-        .where(message_table.c.type == "assistant")
-        .order_by(message_table.c.seq.desc())
-        .limit(1)
-    )
-    row = (await tx.conn.execute(query)).first()
+    row = await _LATEST_ASSISTANT.first(tx.conn, tx.dialect, {"sid": session_id})
     if row is None:
         return None
-    entry = _messages(tx).get(row.id)
+    message_id, data = row
+    entry = _messages(tx).get(message_id)
     if entry is not None:
         cached: AssistantMessage = entry.message
         return cached
-    message = AssistantMessage.model_validate(codec.loads(row.data))
-    _messages(tx)[row.id] = _Loaded(message)
+    message = AssistantMessage.model_validate(codec.loads(data))
+    _messages(tx)[message_id] = _Loaded(message)
     return message
 
 
@@ -294,15 +297,19 @@ async def _admitted(tx: Tx, stored: StoredEvent, event: ev.PromptAdmitted) -> No
     await _touch(tx, stored)
 
 
-async def pending_compaction(conn: Connection, session_id: str) -> str | None:
-    """The id of the session's pending compaction, the barrier in front of every prompt."""
-    query = sa.select(input_table.c.id).where(
-        input_table.c.session_id == session_id,
+_PENDING_COMPACTION = Prepared(
+    lambda _dialect: sa.select(input_table.c.id).where(
+        input_table.c.session_id == sa.bindparam("sid"),
         input_table.c.type == "compaction",
         input_table.c.promoted_seq.is_(None),
     )
-    found: str | None = (await conn.execute(query)).scalar_one_or_none()
-    return found
+)
+
+
+async def pending_compaction(conn: Connection, session_id: str) -> str | None:
+    """The id of the session's pending compaction, the barrier in front of every prompt."""
+    found = await _PENDING_COMPACTION.scalar(conn, {"sid": session_id})
+    return None if found is None else str(found)
 
 
 @handles(ev.PromptPromoted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from sessionflow.models.messages import MESSAGE_ADAPTER, Message
 from store import codec
 from store.db import Database
 from store.events import EventStore
+from store.prepared import Prepared
 from store.projector import MESSAGE_DATA
 from store.schema import message_table, session_table
 
@@ -78,10 +80,10 @@ class Sessions:
     async def get(self, session_id: str) -> SessionInfo:
         validate_id(session_id)
         async with self.db.read() as conn:
-            row = (await conn.execute(sa.select(session_table).where(_s.id == session_id))).first()
+            row = await _SESSION.first(conn, self.db.dialect, {"sid": session_id})
         if row is None:
             raise SessionNotFoundError(session_id)
-        return _info(row)
+        return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))
 
     async def list(
         self,
@@ -122,14 +124,20 @@ class Sessions:
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)
-        query = (
-            sa.select(message_table.c.data)
-            .where(message_table.c.session_id == session_id)
-            .order_by(message_table.c.seq)
-        )
         async with self.db.read() as conn:
-            rows = (await conn.execute(query)).scalars().all()
-        return [MESSAGE_ADAPTER.validate_python(codec.loads(data)) for data in rows]
+            rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
+        return [MESSAGE_ADAPTER.validate_python(codec.loads(data)) for (data,) in rows]
+
+
+_SESSION_COLUMNS = tuple(c.name for c in session_table.columns)
+_SESSION = Prepared(lambda _dialect: sa.select(session_table).where(_s.id == sa.bindparam("sid")))
+_MESSAGES = Prepared(
+    lambda _dialect: (
+        sa.select(message_table.c.data)
+        .where(message_table.c.session_id == sa.bindparam("sid"))
+        .order_by(message_table.c.seq)
+    )
+)
 
 
 def _info(row: Any) -> SessionInfo:
