@@ -261,8 +261,9 @@ class _Stream:
         self.last_flush = time.monotonic()
         if not events:
             return
+        # No heartbeat here: ``heartbeating`` beats twice a second for the whole turn, and a
+        # first heartbeat is a server round trip that a short turn does not need.
         await self.rt.store.append(self.claim, events, step_attempt=self.request.attempt)
-        activity.heartbeat()
 
     async def _signal(self, calls: list[CallRef]) -> None:
         info = activity.info()
