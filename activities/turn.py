@@ -4,7 +4,8 @@ Promotion happens first (a promoted steer resets the step allowance). Events are
 short batches, so watchers see tokens live; a local ``tool.called`` is flushed as soon as the
 stream lets go of the event loop and then signalled to the workflow (``tools_ready``), which
 starts the tool while the model still streams. Calls that become ready together (parallel calls
-in one chunk, or while the previous signal was on its way) share one write and one signal.
+in one chunk, or while the previous signal was on its way) share one write and one signal; calls
+made durable once the stream has ended are started from the turn's result instead.
 The result is a small summary: never the transcript.
 """
 
@@ -26,7 +27,7 @@ from activities.history import (
 from activities.providers import base as p
 from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
-from activities.runtime import Runtime, heartbeating, to_claim, translated
+from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
 from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, SessionError
@@ -146,11 +147,11 @@ class _Stream:
     ) -> None:
         self.rt, self.claim, self.request, self.publisher = rt, claim, request, publisher
         self.last_step = last_step
-        self.last_flush = time.monotonic()
+        self.began = self.last_flush = time.monotonic()
         self.calls: list[CallRef] = []
         self.ready: list[CallRef] = []
         self.kick = asyncio.Event()
-        self.closing = self.interrupted = False
+        self.closing = False
 
     async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
         publisher = self.publisher
@@ -177,7 +178,6 @@ class _Stream:
             await self._stop(courier)  # raises what failed it
         except asyncio.CancelledError:
             # Interrupted: what the stream published stays (partial text is kept), in order.
-            self.interrupted = True
             await asyncio.shield(self._stop(courier, quiet=True))
             publisher.flush()
             await asyncio.shield(self.flush())
@@ -187,13 +187,17 @@ class _Stream:
         return await self._summarize(raw, step)
 
     async def _courier(self) -> None:
-        """Flush what the stream published, then signal the calls that flush made durable."""
+        """Flush what the stream published, then signal the calls that flush made durable.
+
+        Only while the stream runs: once it has ended, the turn's result (which lists every
+        call) reaches the workflow as soon as a signal would, and starts the rest.
+        """
         while not self.closing:
             await self.kick.wait()
             self.kick.clear()
             ready, self.ready = self.ready, []
             await self.flush()
-            if ready and not self.interrupted:
+            if ready and not self.closing:
                 await self._signal(ready)
 
     async def _stop(self, courier: asyncio.Task[None], *, quiet: bool = False) -> None:
@@ -235,11 +239,6 @@ class _Stream:
         else:
             publisher.flush()
         await self.flush()
-        if self.ready:
-            # Made durable by the flush above: the workflow would start them from the summary
-            # anyway, but the signal starts them before this activity's result is delivered.
-            ready, self.ready = self.ready, []
-            await self._signal(ready)
         return TurnResult(
             assistant_message_id=self.request.assistant_message_id,
             step=step,
@@ -261,9 +260,11 @@ class _Stream:
         self.last_flush = time.monotonic()
         if not events:
             return
-        # No heartbeat here: ``heartbeating`` beats twice a second for the whole turn, and a
-        # first heartbeat is a server round trip that a short turn does not need.
         await self.rt.store.append(self.claim, events, step_attempt=self.request.attempt)
+        if time.monotonic() - self.began >= HEARTBEAT_SECONDS:
+            # A heartbeat per batch while a long stream runs; a short turn is left to the
+            # heartbeat task (its first heartbeat is a server round trip it does not need).
+            activity.heartbeat()
 
     async def _signal(self, calls: list[CallRef]) -> None:
         info = activity.info()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -100,6 +101,47 @@ async def test_tools_start_eagerly_while_the_model_streams_up_to_the_cap(
     assert h.gate.peak == expected
     assert sorted(h.gate.started) == ["0", "1", "2", "3", "4"]
     assert len(h.requests()) == 2
+
+
+async def _signals(h: Harness, sid: str) -> list[str]:
+    history = await h.client._handle(sid).fetch_history()
+    return [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in history.events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+
+
+async def test_calls_durable_while_the_model_streams_are_signalled_together(h: Harness) -> None:
+    provider = h.gate_file("provider")
+    sid = await h.session(
+        [*[call(f"call_{i}", text=str(i)) for i in range(3)], {"wait_for_file": provider}],
+        [{"text": "done"}],
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(_tools_settled(h, sid, 3))
+    assert len(h.requests()) == 1  # all three ran while the provider still streamed
+    h.open_gate("provider")
+    await h.client.wait_idle(sid, timeout=30)
+    assert await _signals(h, sid) == ["wake", "tools_ready"]
+
+
+async def test_calls_durable_only_as_the_stream_ends_start_from_the_turn_result(
+    h: Harness,
+) -> None:
+    sid = await h.session([call(f"call_{i}", text=str(i)) for i in range(3)], [{"text": "done"}])
+    await run(h, sid)
+    assert await _signals(h, sid) == ["wake"]
+    types = await h.types(sid)
+    assert types.count("session.tool.success") == 3 and len(h.requests()) == 2
+
+
+def _tools_settled(h: Harness, sid: str, count: int) -> Any:
+    async def settled() -> bool:
+        types = await h.types(sid)
+        return types.count("session.tool.success") == count
+
+    return settled
 
 
 async def test_repeated_call_ids_settle_against_their_own_message(h: Harness) -> None:
