@@ -28,7 +28,8 @@ from temporalio.client import (
     ScheduleSpec,
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
@@ -133,9 +134,19 @@ def build_worker(
     tools: ToolRegistry | None = None,
     providers: ProviderFactory = default_providers,
     graceful_shutdown: timedelta = timedelta(seconds=15),
+    sandboxed: bool = False,
 ) -> Worker:
-    """The worker with the defaults of DESIGN "Worker defaults"."""
+    """The worker with the defaults of DESIGN "Worker defaults".
+
+    ``sandboxed`` runs the workflows in Temporal's sandbox, which turns a non-deterministic call
+    in workflow code into a failed workflow task. The workflows are this project's own, and the
+    test suite runs every one of them there (as does the replay test), so a worker runs them
+    unsandboxed by default: in temporalio 1.35 the sandbox re-enters itself for every payload
+    of every activation, about 0.7 ms of event-loop time each, a fifth of a busy worker's
+    throughput (``bench/drain.py``). ``SESSIONFLOW_WORKFLOW_SANDBOX=true`` turns it back on.
+    """
     runtime = Runtime(store=store, tools=tools or default_registry(), providers=providers)
+    runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
         client,
         task_queue=task_queue,
@@ -145,6 +156,7 @@ def build_worker(
         max_heartbeat_throttle_interval=timedelta(milliseconds=250),
         default_heartbeat_throttle_interval=timedelta(milliseconds=250),
         graceful_shutdown_timeout=graceful_shutdown,
+        workflow_runner=runner,
     )
 
 
@@ -185,7 +197,13 @@ async def main() -> None:
     store = await open_store(settings=settings)
     client = await connect_patiently(address, namespace)
     await ensure_search_attribute(client, namespace)
-    worker = build_worker(client, store, task_queue=task_queue, tools=tools_from_env(settings))
+    worker = build_worker(
+        client,
+        store,
+        task_queue=task_queue,
+        tools=tools_from_env(settings),
+        sandboxed=settings.workflow_sandbox,
+    )
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

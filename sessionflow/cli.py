@@ -356,7 +356,11 @@ def dev(
         try:
             await ensure_sweep_schedule(client, task_queue=Options.task_queue)
             async with build_worker(
-                client, store, task_queue=Options.task_queue, tools=tools_from_env(settings)
+                client,
+                store,
+                task_queue=Options.task_queue,
+                tools=tools_from_env(settings),
+                sandboxed=settings.workflow_sandbox,
             ):
                 console.print(f"Temporal UI: {server.ui}", soft_wrap=True, highlight=False)
                 console.print(f"store: {store.db.url}", soft_wrap=True, highlight=False)

@@ -10,6 +10,8 @@ Environment variables (all optional):
 - ``SESSIONFLOW_POLL_INTERVAL_MS``: how often followers poll when no doorbell rings
   (default 100 on SQLite, 1000 on PostgreSQL where LISTEN/NOTIFY is the doorbell).
 - ``SESSIONFLOW_OTEL_EXPORTER``: ``none`` (default), ``console`` or ``otlp``.
+- ``SESSIONFLOW_WORKFLOW_SANDBOX``: ``true`` runs the workers' workflows in Temporal's sandbox
+  (default ``false``; the test suite always runs them there, see ``worker.build_worker``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Settings(BaseModel):
     max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     poll_interval_ms: int | None = Field(default=None, ge=10)
     otel_exporter: Literal["none", "console", "otlp"] = "none"
+    workflow_sandbox: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -42,6 +45,7 @@ class Settings(BaseModel):
             ("max_event_bytes", "SESSIONFLOW_MAX_EVENT_BYTES"),
             ("poll_interval_ms", "SESSIONFLOW_POLL_INTERVAL_MS"),
             ("otel_exporter", "SESSIONFLOW_OTEL_EXPORTER"),
+            ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
         ):
             if env.get(name):
                 values[field] = env[name]

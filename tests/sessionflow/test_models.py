@@ -39,6 +39,13 @@ def test_settings_read_from_the_environment_once() -> None:
         settings.lease_ms = 1  # type: ignore[misc]
 
 
+def test_the_workflow_sandbox_is_a_setting_off_by_default() -> None:
+    assert Settings.from_env({}).workflow_sandbox is False
+    assert Settings.from_env({"SESSIONFLOW_WORKFLOW_SANDBOX": "true"}).workflow_sandbox is True
+    with pytest.raises(ValidationError, match="workflow_sandbox"):
+        Settings.from_env({"SESSIONFLOW_WORKFLOW_SANDBOX": "sometimes"})
+
+
 def test_stored_type_carries_the_version() -> None:
     assert ev.StepStarted.stored_type() == "session.step.started.1"
     assert ev.ToolSucceeded.stored_type() == "session.tool.success.1"

@@ -41,7 +41,8 @@ class Harness:
             self.store,
             task_queue=self.client.task_queue,
             tools=registry(self.gate),
-            **self.worker_options,
+            # The suite keeps workflow code honest in the sandbox (see build_worker).
+            **{"sandboxed": True, **self.worker_options},
         )
 
     def gate_file(self, name: str) -> str:

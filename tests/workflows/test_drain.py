@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from tests.workflows.harness import Harness, call
+from store import Store
+from tests.workflows.harness import Harness, call, harness
+from tests.workflows.tools import registry
+from worker import build_worker
 
 
 async def test_a_prompt_runs_one_plain_text_turn(h: Harness) -> None:
@@ -101,6 +108,26 @@ async def test_tools_start_eagerly_while_the_model_streams_up_to_the_cap(
     assert h.gate.peak == expected
     assert sorted(h.gate.started) == ["0", "1", "2", "3", "4"]
     assert len(h.requests()) == 2
+
+
+async def test_a_worker_runs_the_drain_unsandboxed_unless_asked(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        queue, tools = h.client.task_queue, registry(h.gate)
+        other = f"{queue}-sandboxed"
+        async with build_worker(
+            h.client.temporal, h.store, task_queue=other, tools=tools, sandboxed=True
+        ) as sandboxed:
+            assert isinstance(sandboxed.config()["workflow_runner"], SandboxedWorkflowRunner)
+        default = build_worker(h.client.temporal, h.store, task_queue=queue, tools=tools)
+        assert isinstance(default.config()["workflow_runner"], UnsandboxedWorkflowRunner)
+        sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
+        async with default:
+            await run(h, sid)
+        types = await h.types(sid)
+        assert types.count("session.tool.success") == 1
+        assert types[-1] == "session.execution.succeeded"
 
 
 async def _signals(h: Harness, sid: str) -> list[str]:

@@ -18,7 +18,9 @@ from worker import build_worker, connect
 async def main(address: str, task_queue: str, url: str, schema: str | None) -> None:
     store = await open_store(url, schema=schema, settings=Settings.from_env())
     client = await connect(address)
-    worker = build_worker(client, store, task_queue=task_queue, tools=registry(Gate()))
+    worker = build_worker(
+        client, store, task_queue=task_queue, tools=registry(Gate()), sandboxed=True
+    )
     async with worker:
         print("ready", flush=True)
         await asyncio.Event().wait()

@@ -70,6 +70,7 @@ async def drain(
         task_queue=task_queue,
         tools=ToolRegistry([Echo()]),
         providers=providers,
+        sandboxed=True,
     )
     client = SessionClient(temporal_env.client, store, task_queue=task_queue)
     async with worker:
