@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.common import SessionError
@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 LINGER = timedelta(seconds=2)
+CLAIM_AT_ONCE_PATCH = "claim-at-once"  # runs recorded before it claimed with CLAIM only
 MAX_RETRIES = 4
 T = TypeVar("T")
 
@@ -96,6 +97,14 @@ CLAIM = Options(
     # An attempt that runs when the interrupt lands finishes, so a granted claim is known
     # (and released with the terminal event) rather than left behind.
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+# The common case -- nobody else holds the claim -- as one attempt inside the workflow task;
+# anything else (a held claim, a database blip) goes on to CLAIM and its retries.
+CLAIM_AT_ONCE = Options(
+    timedelta(seconds=60),
+    RetryPolicy(maximum_attempts=1),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    local=True,
 )
 # The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
 TURN = Options(
@@ -348,6 +357,14 @@ class SessionWorkflow:
             execution_id=execution_id,
             owner_id=f"{info.workflow_id}/{execution_id}",
         )
+        if workflow.patched(CLAIM_AT_ONCE_PATCH):
+            try:
+                return await call("acquire_claim", request, ClaimRef, "claim", CLAIM_AT_ONCE)
+            except (ActivityError, ApplicationError) as error:
+                failed = error if isinstance(error, ApplicationError) else error.cause
+                if not isinstance(failed, ApplicationError):
+                    raise  # cancelled: the interrupt ends the busy period
+                # Acquiring is idempotent per execution id: the retrying path takes over.
         return await call("acquire_claim", request, ClaimRef, "claim session", CLAIM)
 
     async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:

@@ -554,6 +554,38 @@ async def test_a_large_tool_output_is_cut_for_the_model_and_kept_whole_in_the_st
     assert max(len(e.SerializeToString()) for e in history.events) < 8_000
 
 
+def _scheduled(history: Any) -> list[str]:
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+
+
+async def test_a_free_claim_is_taken_inside_the_first_workflow_task(h: Harness) -> None:
+    sid = await h.session([{"text": "hi"}])
+    await run(h, sid)
+    history = await h.client._handle(sid).fetch_history()
+    assert "acquire_claim" not in _scheduled(history)  # a local activity: no server round trip
+    assert "session.execution.started" in await h.types(sid)
+
+
+async def test_a_held_claim_is_waited_for_by_the_retrying_activity(h: Harness) -> None:
+    sid = await h.session([{"text": "hi"}])
+    # Released early; the retry still waits for the lease it was told about (2 s).
+    other = await h.store.claims.acquire(sid, "exec_other", "owner-other", lease_ms=2_000)
+    await h.client.prompt(sid, "Go")
+    await h.until(_phase(h, sid, "claiming"))
+    await asyncio.sleep(0.3)
+    assert h.requests() == []
+    await h.store.claims.release(other)
+    await h.client.wait_idle(sid, timeout=30)
+    history = await h.client._handle(sid).fetch_history()
+    assert _scheduled(history)[0] == "acquire_claim"
+    types = await h.types(sid)
+    assert types[-1] == "session.execution.succeeded" and len(h.requests()) == 1
+
+
 async def test_an_interrupt_while_claiming_ends_the_busy_period_without_a_turn(
     h: Harness,
 ) -> None:
