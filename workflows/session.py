@@ -52,7 +52,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 LINGER = timedelta(seconds=2)
-CLAIM_AT_ONCE_PATCH = "claim-at-once"  # runs recorded before it claimed with CLAIM only
+# Runs recorded before this patch claimed with CLAIM only and lingered LINGER before ending;
+# runs after it claim with CLAIM_AT_ONCE first and end as soon as nothing is owed.
+FEWER_ROUND_TRIPS = "fewer-round-trips"
 MAX_RETRIES = 4
 T = TypeVar("T")
 
@@ -276,15 +278,17 @@ class SessionWorkflow:
         if input.resume is not None:
             await self._busy_period(input.resume)
         while True:
-            if not self._owed():
-                try:
+            if not self._owed() and not workflow.patched(FEWER_ROUND_TRIPS):
+                # Earlier runs lingered for more work. That cost a timer and a workflow task per
+                # busy period: a wake after the end starts the next run, one before it is seen.
+                with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(self._owed, timeout=LINGER)
-                except TimeoutError:
-                    # Ending: let handlers finish, unless they (or a signal) ask for more work.
-                    await workflow.wait_condition(lambda: self._owed() or self._handlers_done())
-                    if not self._owed():
-                        return
-                    continue
+            if not self._owed():
+                # Ending: let handlers finish, unless they (or a signal) ask for more work.
+                await workflow.wait_condition(lambda: self._owed() or self._handlers_done())
+                if not self._owed():
+                    return
+                continue
             await self._busy_period()
             if workflow.info().is_continue_as_new_suggested() and not self._owed():
                 # Never block on handlers while work is owed: a resume that arrived while an
@@ -357,7 +361,7 @@ class SessionWorkflow:
             execution_id=execution_id,
             owner_id=f"{info.workflow_id}/{execution_id}",
         )
-        if workflow.patched(CLAIM_AT_ONCE_PATCH):
+        if workflow.patched(FEWER_ROUND_TRIPS):
             try:
                 return await call("acquire_claim", request, ClaimRef, "claim", CLAIM_AT_ONCE)
             except (ActivityError, ApplicationError) as error:

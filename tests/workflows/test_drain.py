@@ -570,6 +570,33 @@ async def test_a_free_claim_is_taken_inside_the_first_workflow_task(h: Harness) 
     assert "session.execution.started" in await h.types(sid)
 
 
+async def test_a_run_ends_with_its_busy_period_and_the_next_prompt_starts_another(
+    h: Harness,
+) -> None:
+    sid = await h.session([{"text": "one"}], [{"text": "two"}])
+    await run(h, sid)
+    handle = h.client._handle(sid)
+    await h.until(_closed(h, sid))
+    first = await handle.fetch_history()
+    assert not any(e.HasField("timer_started_event_attributes") for e in first.events)
+    await run(h, sid, "Again")
+    assert [m.text for m in await h.messages(sid) if m.type == "user"] == ["Go", "Again"]
+    query = f"WorkflowId = 'session-{sid}'"
+
+    async def two_runs() -> bool:  # visibility is eventually consistent
+        return len({e.run_id async for e in h.client.temporal.list_workflows(query)}) == 2
+
+    await h.until(two_runs)
+
+
+def _closed(h: Harness, sid: str) -> Any:
+    async def closed() -> bool:
+        description = await h.client._handle(sid).describe()
+        return description.status is not None and description.status.name == "COMPLETED"
+
+    return closed
+
+
 async def test_a_held_claim_is_waited_for_by_the_retrying_activity(h: Harness) -> None:
     sid = await h.session([{"text": "hi"}])
     # Released early; the retry still waits for the lease it was told about (2 s).
