@@ -192,8 +192,10 @@ class _Stream:
         Only while the stream runs: once it has ended, the turn's result (which lists every
         call) reaches the workflow as soon as a signal would, and starts the rest.
         """
-        while not self.closing:
+        while True:
             await self.kick.wait()
+            if self.closing:
+                return  # what is left goes with the turn's last flush
             self.kick.clear()
             ready, self.ready = self.ready, []
             await self.flush()
@@ -201,7 +203,7 @@ class _Stream:
                 await self._signal(ready)
 
     async def _stop(self, courier: asyncio.Task[None], *, quiet: bool = False) -> None:
-        """Let the courier finish what it holds, then stop it."""
+        """Let the courier finish the flush it is in, then stop it."""
         self.closing = True
         self.kick.set()
         if quiet:
