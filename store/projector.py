@@ -35,7 +35,7 @@ from sessionflow.models.messages import (
 )
 from store import codec
 from store.db import Connection, Tx
-from store.dialect import insert
+from store.dialect import DialectName, insert
 from store.events import EventStore, StoredEvent
 from store.prepared import Prepared
 from store.schema import input_table, message_table, session_table
@@ -121,7 +121,16 @@ async def _update_session(tx: Tx, session_id: str, values: dict[str, Any]) -> No
 
 
 async def _touch(tx: Tx, stored: StoredEvent) -> None:
-    await _update_session(tx, stored.aggregate_id, {"time_updated": stored.created})
+    await _TOUCH.rows(tx.conn, tx.dialect, {"sid": stored.aggregate_id, "at": stored.created})
+
+
+_TOUCH = Prepared(
+    lambda _dialect: (
+        session_table.update()
+        .where(session_table.c.id == sa.bindparam("sid"))
+        .values(time_updated=sa.bindparam("at"))
+    )
+)
 
 
 # --- messages -----------------------------------------------------------------------------------
@@ -136,6 +145,22 @@ MESSAGE_DATA = Prepared(
     lambda _dialect: sa.select(message_table.c.data).where(
         message_table.c.id == sa.bindparam("mid"),
         message_table.c.session_id == sa.bindparam("sid"),
+    )
+)
+_INSERT_MESSAGE = Prepared(
+    lambda dialect: (
+        insert(dialect, message_table)
+        .values(
+            id=sa.bindparam("mid"),
+            session_id=sa.bindparam("sid"),
+            type=sa.bindparam("kind"),
+            seq=sa.bindparam("message_seq"),
+            time_created=sa.bindparam("created"),
+            time_updated=sa.bindparam("created"),
+            data=sa.bindparam("body"),
+        )
+        .on_conflict_do_nothing()
+        .returning(message_table.c.id)
     )
 )
 _LATEST_ASSISTANT = Prepared(
@@ -183,21 +208,15 @@ async def _write_back(tx: Tx) -> None:
 
 
 async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
-    statement = (
-        insert(tx.dialect, message_table)
-        .values(
-            id=message.id,
-            session_id=message.session_id,
-            type=message.type,
-            seq=message.seq,
-            time_created=stored.created,
-            time_updated=stored.created,
-            data=codec.dumps(message.model_dump(mode="json")),
-        )
-        .on_conflict_do_nothing()
-        .returning(message_table.c.id)
-    )
-    if not await _inserted(tx, statement):
+    params = {
+        "mid": message.id,
+        "sid": message.session_id,
+        "kind": message.type,
+        "message_seq": message.seq,
+        "created": stored.created,
+        "body": codec.dumps(message.model_dump(mode="json")),
+    }
+    if await _INSERT_MESSAGE.first(tx.conn, tx.dialect, params) is None:
         raise LifecycleConflictError(message.id, "a message with this id already exists")
     _messages(tx)[message.id] = _Loaded(message)
 
@@ -463,17 +482,39 @@ async def _step_failed(tx: Tx, stored: StoredEvent, event: ev.StepFailed) -> Non
 
 
 async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | None) -> None:
+    tokens = tokens or Tokens()
+    params = {
+        "sid": stored.aggregate_id,
+        "at": stored.created,
+        "cost": cost,
+        "input": tokens.input,
+        "output": tokens.output,
+        "reasoning": tokens.reasoning,
+        "cache_read": tokens.cache.read,
+        "cache_write": tokens.cache.write,
+    }
+    await _ADD_USAGE.rows(tx.conn, tx.dialect, params)
+
+
+def _add_usage_statement(_dialect: DialectName) -> Any:
     c = session_table.c
-    values: dict[str, Any] = {"cost": c.cost + cost, "time_updated": stored.created}
-    if tokens is not None:
-        values |= {
-            "tokens_input": c.tokens_input + tokens.input,
-            "tokens_output": c.tokens_output + tokens.output,
-            "tokens_reasoning": c.tokens_reasoning + tokens.reasoning,
-            "tokens_cache_read": c.tokens_cache_read + tokens.cache.read,
-            "tokens_cache_write": c.tokens_cache_write + tokens.cache.write,
-        }
-    await _update_session(tx, stored.aggregate_id, values)
+    return (
+        session_table.update()
+        .where(c.id == sa.bindparam("sid"))
+        .values(
+            cost=c.cost + sa.bindparam("cost", type_=sa.Float),
+            time_updated=sa.bindparam("at"),
+            tokens_input=c.tokens_input + sa.bindparam("input", type_=sa.BigInteger),
+            tokens_output=c.tokens_output + sa.bindparam("output", type_=sa.BigInteger),
+            tokens_reasoning=c.tokens_reasoning + sa.bindparam("reasoning", type_=sa.BigInteger),
+            tokens_cache_read=c.tokens_cache_read + sa.bindparam("cache_read", type_=sa.BigInteger),
+            tokens_cache_write=c.tokens_cache_write
+            + sa.bindparam("cache_write", type_=sa.BigInteger),
+        )
+    )
+
+
+_ADD_USAGE = Prepared(_add_usage_statement)
 
 
 @handles(ev.RetryScheduled)
