@@ -26,7 +26,7 @@ from sessionflow.models.drain import (
     PrepareResult,
     Promotion,
 )
-from sessionflow.models.messages import AssistantMessage, SyntheticMessage, ToolPart
+from sessionflow.models.messages import AssistantMessage, Message, SyntheticMessage, ToolPart
 from store.claims import Phase
 from store.db import Tx
 
@@ -128,30 +128,20 @@ class SessionActivities:
                         ),
                         tx=tx,
                     )
-            # Derived from the history, not from this attempt's memory: a retried preparation
-            # still continues a recovered turn whose restart message is not yet answered.
-            force = force or await self._restart_unanswered(sid)
+            messages = await self.store.sessions.messages(sid)  # read once for both checks
+            force = force or _restart_unanswered(messages)
             steer = await self.store.inputs.has_pending(sid, "steer")
             queue = not steer and await self.store.inputs.has_pending(sid, "queue")
             if not (force or steer or queue):
                 return PrepareResult(run=False, **limits)
-            stale = await self._fail_stale_tools(claim)
+            stale = await self._fail_stale_tools(claim, messages)
             promotion: Promotion = "steer" if steer else "queue" if queue else None
             return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
 
-    async def _restart_unanswered(self, session_id: str) -> bool:
-        messages = await self.store.sessions.messages(session_id)
-        for message in reversed(messages):
-            if isinstance(message, AssistantMessage):
-                return False
-            if isinstance(message, SyntheticMessage) and message.text == RESTART_TEXT:
-                return True
-        return False
-
-    async def _fail_stale_tools(self, claim: Any) -> int:
+    async def _fail_stale_tools(self, claim: Any, messages: list[Message]) -> int:
         """Tools left pending or running by a dead process become ``tool.stale`` errors."""
         stale: list[ev.Event] = []
-        for message in await self.store.sessions.messages(claim.session_id):
+        for message in messages:
             if not isinstance(message, AssistantMessage):
                 continue
             for part in message.content:
@@ -272,6 +262,17 @@ class SessionActivities:
         if hosted and turn.finish is None:
             return failure or RESULT_MISSING
         return failure
+
+
+def _restart_unanswered(messages: list[Message]) -> bool:
+    """Derived from the history, not from an attempt's memory: a retried preparation still
+    continues a recovered turn whose restart message is not yet answered."""
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            return False
+        if isinstance(message, SyntheticMessage) and message.text == RESTART_TEXT:
+            return True
+    return False
 
 
 def _tool_failed(message: AssistantMessage, part: ToolPart, error: SessionError) -> ev.ToolFailed:
