@@ -237,7 +237,14 @@ class SessionActivities:
         needs = bool(turn.calls) and not turn.provider_failed and failure is None
         phase: Phase = "continue" if needs else "ready"
         await self.store.claims.record_phase(tx, to_claim(request.claim), phase, message.id)
-        return FinishStepResult(ended=failure is None, failure=failure, needs_continuation=needs)
+        pending = None
+        if not needs and not request.interrupted:
+            # The workflow's next question, answered here instead of by another activity.
+            steer, queue = await self.store.inputs.pending_deliveries(message.session_id, tx=tx)
+            pending = PendingResult(steer=steer, queue=queue)
+        return FinishStepResult(
+            ended=failure is None, failure=failure, needs_continuation=needs, pending=pending
+        )
 
     @staticmethod
     def _sweep(

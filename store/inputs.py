@@ -122,22 +122,14 @@ class Inputs:
         async with self.db.read() as conn:
             return [_receipt(row) for row in (await conn.execute(query)).all()]
 
-    async def pending_deliveries(self, session_id: str) -> tuple[bool, bool]:
-        """(steer, queue): whether each kind could be promoted now, in one read."""
+    async def pending_deliveries(
+        self, session_id: str, *, tx: Tx | None = None
+    ) -> tuple[bool, bool]:
+        """(steer, queue): whether each kind could be promoted now, in one read (or in ``tx``)."""
+        if tx is not None:
+            return await _deliveries(tx.conn, session_id)
         async with self.db.read() as conn:
-            if await pending_compaction(conn, session_id) is not None:
-                return False, False
-            query = (
-                sa.select(_i.delivery)
-                .where(
-                    _i.session_id == session_id,
-                    _i.type == "prompt",
-                    _i.promoted_seq.is_(None),
-                )
-                .distinct()
-            )
-            kinds = set((await conn.execute(query)).scalars())
-        return "steer" in kinds, "queue" in kinds
+            return await _deliveries(conn, session_id)
 
     async def has_pending(self, session_id: str, delivery: Delivery) -> bool:
         """Whether a prompt of ``delivery`` could be promoted now (false behind a compaction)."""
@@ -184,6 +176,18 @@ def _pending_prompts(session_id: str, delivery: Delivery) -> tuple[sa.ColumnElem
         _i.delivery == delivery,
         _i.promoted_seq.is_(None),
     )
+
+
+async def _deliveries(conn: Connection, session_id: str) -> tuple[bool, bool]:
+    if await pending_compaction(conn, session_id) is not None:
+        return False, False
+    query = (
+        sa.select(_i.delivery)
+        .where(_i.session_id == session_id, _i.type == "prompt", _i.promoted_seq.is_(None))
+        .distinct()
+    )
+    kinds = set((await conn.execute(query)).scalars())
+    return "steer" in kinds, "queue" in kinds
 
 
 async def _require_session(conn: Connection, session_id: str) -> None:

@@ -52,8 +52,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 LINGER = timedelta(seconds=2)
-# Runs recorded before this patch claimed with CLAIM only and lingered LINGER before ending;
-# runs after it claim with CLAIM_AT_ONCE first and end as soon as nothing is owed.
+# Runs recorded before this patch claimed with CLAIM only, asked pending_inputs after each
+# user turn and lingered LINGER before ending; runs after it claim with CLAIM_AT_ONCE first,
+# take the pending inputs from finish_step's result and end as soon as nothing is owed.
 FEWER_ROUND_TRIPS = "fewer-round-trips"
 MAX_RETRIES = 4
 T = TypeVar("T")
@@ -410,17 +411,17 @@ class SessionWorkflow:
     ) -> None:
         """User turns until nothing is pending (reference §4.3), from a given step boundary."""
         while True:
-            needs = True
+            needs, settled = True, None
             while needs:
                 self._continue_as_new_if_suggested(claim, limits, promotion, step)
-                needs, step = await self._run_step(claim, promotion, step, limits[0])
+                needs, step, settled = await self._run_step(claim, promotion, step, limits[0])
                 step += 1
                 promotion = "steer"
                 if not needs:
                     self._check_stopping()
-                    needs = (await self._pending(claim)).steer
+                    needs = (await self._pending(claim, settled)).steer
             self._check_stopping()
-            pending = await self._pending(claim)
+            pending = await self._pending(claim, settled)
             if not (pending.steer or pending.queue):
                 return
             promotion, step = ("steer" if pending.steer else "queue"), 1
@@ -447,13 +448,16 @@ class SessionWorkflow:
         )
         workflow.continue_as_new(self._carry(resume))
 
-    async def _pending(self, claim: ClaimRef) -> PendingResult:
+    async def _pending(self, claim: ClaimRef, settled: PendingResult | None) -> PendingResult:
+        """What could be promoted: as the step settled, or (recorded runs) asked again."""
+        if settled is not None and workflow.patched(FEWER_ROUND_TRIPS):
+            return settled
         request = PendingInput(claim=claim)
         return await call("pending_inputs", request, PendingResult, "check inputs", SHORT)
 
     async def _run_step(
         self, claim: ClaimRef, promotion: Promotion, step: int, max_steps: int | None
-    ) -> tuple[bool, int]:
+    ) -> tuple[bool, int, PendingResult | None]:
         """One logical step: provider attempts with retries, tools, one settlement."""
         assistant_id = f"msg_{workflow.uuid4().hex}"
         retry = 0
@@ -484,7 +488,7 @@ class SessionWorkflow:
             result = await self._finish_step(claim, turn, infrastructure=infrastructure)
             if result.failure is not None:
                 raise DrainFailure(result.failure)
-            return result.needs_continuation, step
+            return result.needs_continuation, step, result.pending
 
     def _check_stopping(self) -> None:
         if self.stopping:

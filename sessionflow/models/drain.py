@@ -203,6 +203,8 @@ class FinishStepResult(Model):
     ended: bool
     failure: SessionError | None = None
     needs_continuation: bool = False
+    # What could be promoted as the step settled, when it ended the user turn (None: not asked).
+    pending: PendingResult | None = None
 
 
 class FinishExecutionInput(Model):

@@ -597,6 +597,17 @@ def _closed(h: Harness, sid: str) -> Any:
     return closed
 
 
+async def test_the_settled_step_answers_what_is_pending_without_another_activity(
+    h: Harness,
+) -> None:
+    sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
+    await run(h, sid)
+    history = await h.client._handle(sid).fetch_history()
+    recorded = b"".join(e.SerializeToString() for e in history.events)
+    assert b"finish_step" in recorded  # local activities are recorded by type
+    assert b"pending_inputs" not in recorded
+
+
 async def test_a_held_claim_is_waited_for_by_the_retrying_activity(h: Harness) -> None:
     sid = await h.session([{"text": "hi"}])
     # Released early; the retry still waits for the lease it was told about (2 s).
