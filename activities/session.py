@@ -130,8 +130,7 @@ class SessionActivities:
                     )
             messages = await self.store.sessions.messages(sid)  # read once for both checks
             force = force or _restart_unanswered(messages)
-            steer = await self.store.inputs.has_pending(sid, "steer")
-            queue = not steer and await self.store.inputs.has_pending(sid, "queue")
+            steer, queue = await self.store.inputs.pending_deliveries(sid)
             if not (force or steer or queue):
                 return PrepareResult(run=False, **limits)
             stale = await self._fail_stale_tools(claim, messages)

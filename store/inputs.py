@@ -18,6 +18,7 @@ from sessionflow.models.common import Delivery, Prompt
 from store import codec
 from store.db import Connection, Database, Tx
 from store.events import EventStore
+from store.prepared import Prepared, dialect_of_connection
 from store.projector import pending_compaction
 from store.schema import input_table, session_table
 
@@ -181,13 +182,22 @@ def _pending_prompts(session_id: str, delivery: Delivery) -> tuple[sa.ColumnElem
 async def _deliveries(conn: Connection, session_id: str) -> tuple[bool, bool]:
     if await pending_compaction(conn, session_id) is not None:
         return False, False
-    query = (
+    kinds = {
+        kind
+        for (kind,) in await _DELIVERIES.rows(
+            conn, dialect_of_connection(conn), {"sid": session_id}
+        )
+    }
+    return "steer" in kinds, "queue" in kinds
+
+
+_DELIVERIES = Prepared(
+    lambda _dialect: (
         sa.select(_i.delivery)
-        .where(_i.session_id == session_id, _i.type == "prompt", _i.promoted_seq.is_(None))
+        .where(_i.session_id == sa.bindparam("sid"), _i.type == "prompt", _i.promoted_seq.is_(None))
         .distinct()
     )
-    kinds = set((await conn.execute(query)).scalars())
-    return "steer" in kinds, "queue" in kinds
+)
 
 
 async def _require_session(conn: Connection, session_id: str) -> None:
