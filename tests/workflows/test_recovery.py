@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -248,6 +249,16 @@ def _live_with(marker: str) -> list[int]:
     return found
 
 
+def _recorded(pids: list[int]) -> bool:
+    from activities.tools.process import records_dir
+
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    return any((records_dir() / str(group)).exists() for group in groups)
+
+
 async def test_a_killed_workers_tool_processes_are_reaped(
     temporal_env: WorkflowEnvironment,
     store: Store,
@@ -265,6 +276,8 @@ async def test_a_killed_workers_tool_processes_are_reaped(
         sid = await h.session([call("b1", "bash", command=f"sleep {marker}")], [{"text": "x"}])
         await h.client.prompt(sid, "Go")
         await h.until(lambda: bool(_live_with(f"sleep {marker}")), timeout=30)
+        # The worker records the group just after it starts: kill it once that is durable.
+        await h.until(lambda: _recorded(_live_with(f"sleep {marker}")), timeout=10)
         doomed.signal(signal.SIGKILL)
         doomed.stop()
         assert _live_with(f"sleep {marker}")  # the orphan outlived its worker
