@@ -134,11 +134,8 @@ class Inputs:
 
     async def has_pending(self, session_id: str, delivery: Delivery) -> bool:
         """Whether a prompt of ``delivery`` could be promoted now (false behind a compaction)."""
-        async with self.db.read() as conn:
-            if await pending_compaction(conn, session_id) is not None:
-                return False
-            query = sa.select(_i.id).where(*_pending_prompts(session_id, delivery)).limit(1)
-            return (await conn.execute(query)).first() is not None
+        steer, queue = await self.pending_deliveries(session_id)
+        return steer if delivery == "steer" else queue
 
     async def promote_steers(self, tx: Tx, session_id: str) -> int:
         """Promote every pending steer, in admission order; returns how many."""
