@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
 import importlib
@@ -70,6 +71,7 @@ sys.path.insert(0, str(_BENCH_DIR.parent))
 from pydantic import BaseModel  # noqa: E402
 from temporalio import activity  # noqa: E402
 from temporalio import client as temporal_client  # noqa: E402
+from temporalio.api.enums.v1 import EventType  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
@@ -505,6 +507,7 @@ class Round:
     writes: int = 0
     write_held: float = 0.0
     write_waited: float = 0.0
+    workflow_ids: tuple[str, ...] = ()
 
     @property
     def sessions_per_second(self) -> float:
@@ -562,6 +565,7 @@ async def drain_round(
             writes_after - writes,
             held_after - held,
             waited_after - waited,
+            tuple(f"session-{sid}" for sid in sids),
         ),
         samples,
     )
@@ -593,17 +597,15 @@ async def baseline_idle(client: Client, task_queue: str, shape: Shape, count: in
 
 
 async def baseline_round(client: Client, task_queue: str, shape: Shape) -> Round:
+    ids = tuple(f"bench-baseline-{uuid.uuid4()}" for _ in range(shape.sessions))
     cpu = CpuMeter()
     started = time.perf_counter()
     await asyncio.gather(
         *(
             client.execute_workflow(
-                "BenchBaseline",
-                args=[shape.turns, shape.tools],
-                id=f"bench-baseline-{uuid.uuid4()}",
-                task_queue=task_queue,
+                "BenchBaseline", args=[shape.turns, shape.tools], id=i, task_queue=task_queue
             )
-            for _ in range(shape.sessions)
+            for i in ids
         )
     )
     seconds = time.perf_counter() - started
@@ -617,6 +619,21 @@ async def baseline_round(client: Client, task_queue: str, shape: Shape) -> Round
         seconds,
         cpu_self,
         cpu_server,
+        workflow_ids=ids,
+    )
+
+
+async def history_shape(client: Client, workflow_id: str) -> str:
+    """What one workflow's history holds: the server's work per session, roughly."""
+    kinds: collections.Counter[str] = collections.Counter()
+    total = 0
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        total += 1
+        kinds[EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")] += 1
+    return (
+        f"{total} events, {kinds['WORKFLOW_TASK_COMPLETED']} workflow tasks, "
+        f"{kinds['ACTIVITY_TASK_SCHEDULED']} activities, {kinds['MARKER_RECORDED']} markers, "
+        f"{kinds['WORKFLOW_EXECUTION_SIGNALED']} signals, {kinds['TIMER_STARTED']} timers"
     )
 
 
@@ -908,6 +925,10 @@ async def run(
         f"provider requests + tool calls, which the baseline runs as no-op activities):"
     )
     print_rounds(rounds)
+    for system in ("bare Temporal", "sessionflow"):
+        last = next(r for r in reversed(rounds) if r.system == system)
+        shape_of = await history_shape(timed, last.workflow_ids[0])
+        print(f"  one {system} session's history: {shape_of}")
     drain_rate = rate(r for r in rounds if r.system == "sessionflow")
     base_rate = rate(r for r in rounds if r.system != "sessionflow")
     ratio = drain_rate / base_rate if base_rate else 0.0
