@@ -56,10 +56,10 @@ class SessionActivities:
     @activity.defn
     async def acquire_claim(self, request: AcquireInput) -> ClaimRef:
         async with translated():
-            claim = await self.store.claims.acquire(
+            # The claim and its execution.started commit together.
+            async with self.store.claims.acquiring(
                 request.session_id, request.execution_id, request.owner_id
-            )
-            async with self.store.claims.fenced(claim) as tx:
+            ) as (claim, tx):
                 await self.store.events.publish(
                     ev.ExecutionStarted(
                         session_id=request.session_id, execution_id=request.execution_id
@@ -91,13 +91,15 @@ class SessionActivities:
             )
         async with translated():
             fenced = to_claim(claim)
+            # The terminal event and the release commit together: no window in which the
+            # session is finished but still claimed (or released without its terminal).
             async with self.store.claims.fenced(fenced) as tx:
                 await self.store.events.publish(
                     event, id=f"evt_{claim.execution_id}_{outcome.type}", tx=tx
                 )
                 await self.store.claims.clear_recoveries(tx, claim.session_id)
-            if not request.keep_claim:
-                await self.store.claims.release(fenced)
+                if not request.keep_claim:
+                    await self.store.claims.release_in(tx, fenced)
 
     # --- preparation ----------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import sqlalchemy as sa
 from temporalio import activity
@@ -35,6 +34,7 @@ from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult,
 from store.claims import Claim
 from store.prepared import Prepared
 from store.schema import session_table
+from store.sessions import SessionInfo
 
 BATCH_SECONDS = 0.03
 _COUNT_REQUEST = Prepared(
@@ -57,16 +57,10 @@ class TurnActivities:
         store = self.rt.store
         claim = to_claim(request.claim)
         async with translated(), heartbeating(store, request.claim):
-            step = request.step
-            if request.promotion is not None and await self._promote(claim, request):
-                step = 1
-            session = await store.sessions.get(claim.session_id)
-            if session.model is None:
-                raise ValueError(f"Session {session.id} has no model; select one first")
+            session, step, index = await self._begin(claim, request)
+            assert session.model is not None
             last_step = request.max_steps is not None and step >= request.max_steps
-            provider_request = await self._request(
-                claim, request, session, session.model, last_step
-            )
+            provider_request = await self._request(claim, session, session.model, index, last_step)
             publisher = TurnPublisher(
                 session_id=claim.session_id,
                 assistant_message_id=request.assistant_message_id,
@@ -94,30 +88,39 @@ class TurnActivities:
                 span.set_attribute("tool_calls", len(result.calls))
             return result
 
-    async def _promote(self, claim: Claim, request: TurnInput) -> bool:
+    async def _begin(self, claim: Claim, request: TurnInput) -> tuple[SessionInfo, int, int]:
+        """Open the attempt in one fenced transaction: promote what is pending, record that a
+        model call is in flight, count the request. Returns the session, the step (1 when a
+        prompt was promoted) and the request's index."""
         store = self.rt.store
+        step = request.step
         async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
-            promoted = 0
-            if request.promotion == "queue":
-                promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
-            promoted += await store.inputs.promote_steers(tx, claim.session_id)
-        return promoted > 0
+            if request.promotion is not None:
+                promoted = 0
+                if request.promotion == "queue":
+                    promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
+                promoted += await store.inputs.promote_steers(tx, claim.session_id)
+                if promoted:
+                    step = 1
+            session = await store.sessions.get(claim.session_id, tx=tx)
+            if session.model is None:
+                raise ValueError(f"Session {session.id} has no model; select one first")
+            # A model call is in flight: a takeover must treat the step's outcome as unknown.
+            await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
+            ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": claim.session_id})
+        return session, step, int(count) - 1
 
     async def _request(
-        self, claim: Claim, request: TurnInput, session: Any, model: ModelRef, last_step: bool
+        self, claim: Claim, session: SessionInfo, model: ModelRef, index: int, last_step: bool
     ) -> p.ProviderRequest:
-        store = self.rt.store
-        messages = to_request_messages(await store.sessions.messages(claim.session_id), model)
+        messages = to_request_messages(
+            await self.rt.store.sessions.messages(claim.session_id), model
+        )
         if last_step:
             messages.append(
                 p.RequestMessage(role="assistant", content=(p.TextPartIn(text=MAX_STEPS_PROMPT),))
             )
         system = session.settings.get("system") or DEFAULT_SYSTEM
-        async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
-            # A model call is in flight: a takeover must treat the step's outcome as unknown.
-            await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
-            ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": claim.session_id})
-            index = int(count) - 1
         return p.ProviderRequest(
             session_id=claim.session_id,
             request_index=index,

@@ -86,11 +86,33 @@ class Claims:
         one is taken over in the same transaction, which records a recovery row for the dead
         execution. Acquiring again for the same live execution and owner returns its claim.
         """
+        async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
+            claim,
+            _tx,
+        ):
+            return claim
+
+    @asynccontextmanager
+    async def acquiring(
+        self,
+        session_id: str,
+        execution_id: str,
+        owner_id: str,
+        *,
+        lease_ms: int | None = None,
+    ) -> AsyncIterator[tuple[Claim, Tx]]:
+        """``acquire``, with the transaction left open for what the new claim starts.
+
+        Whatever is written inside commits with the claim (or not at all) and is stamped with
+        it, as in ``fenced``: one transaction, one commit, instead of two.
+        """
         validate_id(session_id)
         validate_id(execution_id, "execution")
         lease = lease_ms or self.lease_ms
         async with self.db.write() as tx:
-            return await self._acquire(tx, session_id, execution_id, owner_id, lease)
+            claim = await self._acquire(tx, session_id, execution_id, owner_id, lease)
+            tx.stamp = Stamp(claim.execution_id, claim.epoch)
+            yield claim, tx
 
     async def _acquire(
         self, tx: Tx, session_id: str, execution_id: str, owner_id: str, lease: int
@@ -182,11 +204,15 @@ class Claims:
     async def release(self, claim: Claim) -> None:
         """Delete the claim (same fence); ``ClaimLostError`` if it was not live."""
         async with self.db.write() as tx:
-            result = await tx.conn.execute(
-                execution_table.delete().where(*_fence(claim, tx)).returning(_x.id)
-            )
-            if result.scalar_one_or_none() is None:
-                raise await self._lost(tx.conn, claim)
+            await self.release_in(tx, claim)
+
+    async def release_in(self, tx: Tx, claim: Claim) -> None:
+        """``release`` inside ``tx``: the claim goes when (and only if) ``tx`` commits."""
+        result = await tx.conn.execute(
+            execution_table.delete().where(*_fence(claim, tx)).returning(_x.id)
+        )
+        if result.scalar_one_or_none() is None:
+            raise await self._lost(tx.conn, claim)
 
     async def set_phase(
         self,

@@ -16,7 +16,7 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, Tokens
 from sessionflow.models.messages import MESSAGE_ADAPTER, Message
 from store import codec
-from store.db import Database
+from store.db import Database, Tx
 from store.events import EventStore
 from store.prepared import Prepared
 from store.projector import MESSAGE_DATA
@@ -77,10 +77,15 @@ class Sessions:
         await self.events.publish(event)
         return await self.get(sid)
 
-    async def get(self, session_id: str) -> SessionInfo:
+    async def get(self, session_id: str, *, tx: Tx | None = None) -> SessionInfo:
+        """The session as of now, or as ``tx`` sees it when given."""
         validate_id(session_id)
-        async with self.db.read() as conn:
-            row = await _SESSION.first(conn, self.db.dialect, {"sid": session_id})
+        params = {"sid": session_id}
+        if tx is not None:
+            row = await _SESSION.first(tx.conn, self.db.dialect, params)
+        else:
+            async with self.db.read() as conn:
+                row = await _SESSION.first(conn, self.db.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
         return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))

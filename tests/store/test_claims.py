@@ -61,6 +61,38 @@ async def test_acquiring_again_for_the_same_live_execution_returns_its_claim(sto
     assert again.epoch == first.epoch and again.expires_at >= first.expires_at
 
 
+async def test_what_a_new_claim_starts_commits_with_it_stamped_or_not_at_all(store: Store) -> None:
+    sid = await new_session(store)
+    started = ev.ExecutionStarted(session_id=sid, execution_id="exec_a")
+    with pytest.raises(RuntimeError, match="after the claim"):
+        async with store.claims.acquiring(sid, "exec_a", "owner-a") as (_claim, tx):
+            await store.events.publish(started, tx=tx)
+            raise RuntimeError("failed after the claim")
+    assert await count(store, "session_execution") == 0
+    assert await rows(store, "SELECT type FROM event WHERE type LIKE 'session.execution%'") == []
+    async with store.claims.acquiring(sid, "exec_a", "owner-a") as (claim, tx):
+        await store.events.publish(started, tx=tx)
+    stamped = "SELECT execution_id, epoch FROM event WHERE type LIKE 'session.execution.started%'"
+    assert await rows(store, stamped) == [("exec_a", claim.epoch)]
+    assert await rows(store, "SELECT id FROM session_execution") == [("exec_a",)]
+
+
+async def test_a_release_inside_a_transaction_goes_only_if_it_commits(store: Store) -> None:
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    with pytest.raises(RuntimeError):
+        async with store.claims.fenced(claim) as tx:
+            await store.claims.release_in(tx, claim)
+            raise RuntimeError("the terminal event failed")
+    assert await count(store, "session_execution") == 1
+    async with store.claims.fenced(claim) as tx:
+        await store.claims.release_in(tx, claim)
+    assert await count(store, "session_execution") == 0
+    with pytest.raises(ClaimLostError):
+        async with store.db.write() as tx:
+            await store.claims.release_in(tx, claim)
+
+
 async def test_acquire_of_an_unknown_session_fails(store: Store) -> None:
     with pytest.raises(SessionNotFoundError):
         await store.claims.acquire("ses_missing", "exec_a", "owner-a")
