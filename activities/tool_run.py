@@ -71,8 +71,9 @@ class ToolActivities:
             if len(self._workspaces) >= 10_000:
                 self._workspaces.clear()
             self._workspaces[claim.session_id] = workspace
-        message = await store.sessions.message(claim.session_id, request.assistant_message_id)
-        part = message.tool(request.call_id) if isinstance(message, AssistantMessage) else None
+        part = await store.sessions.tool_part(
+            claim.session_id, request.assistant_message_id, request.call_id
+        )
         return part, workspace
 
     async def _execute(

@@ -14,7 +14,7 @@ from sessionflow.ids import session_id as new_session_id
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, Tokens
-from sessionflow.models.messages import MESSAGE_ADAPTER, Message
+from sessionflow.models.messages import MESSAGE_ADAPTER, Message, ToolPart
 from store import codec
 from store.db import Database, Tx
 from store.events import EventStore
@@ -125,6 +125,22 @@ class Sessions:
         async with self.db.read() as conn:
             row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
         return None if row is None else MESSAGE_ADAPTER.validate_python(codec.loads(row[0]))
+
+    async def tool_part(self, session_id: str, message_id: str, call_id: str) -> ToolPart | None:
+        """The latest tool part of ``call_id`` in an assistant message (None if there is none).
+
+        Validates that one part, not the whole message: a tool activity needs only its call.
+        """
+        params = {"mid": message_id, "sid": session_id}
+        async with self.db.read() as conn:
+            row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
+        data = None if row is None else codec.loads(row[0])
+        if not isinstance(data, dict) or data.get("type") != "assistant":
+            return None
+        for part in reversed(data.get("content", ())):
+            if part.get("type") == "tool" and part.get("call_id") == call_id:
+                return ToolPart.model_validate(part)
+        return None
 
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""

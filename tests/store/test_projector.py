@@ -715,6 +715,34 @@ async def test_a_call_id_restarted_after_settlement_updates_the_latest_part(stor
     assert second.state == ToolCompleted(input={"n": 2})
 
 
+async def test_tool_part_reads_the_latest_part_of_a_call_alone(store: Store) -> None:
+    sid = await new_session(store)
+    mid = await start_step(store, sid)
+    for n in (1, 2):
+        if n == 2:
+            restarted = ev.ToolInputStarted(
+                session_id=sid, assistant_message_id=mid, call_id="c", name="t"
+            )
+            await publish(store, restarted)
+        called = ev.ToolCalled(
+            session_id=sid, assistant_message_id=mid, call_id="c", name="t", input={"n": n}
+        )
+        await publish(store, called)
+        if n == 1:
+            failed = ev.ToolFailed(
+                session_id=sid, assistant_message_id=mid, call_id="c", error=BOOM
+            )
+            await publish(store, failed)
+    part = await store.sessions.tool_part(sid, mid, "c")
+    assert part == await tool(store, sid, mid)
+    assert part is not None and part.state == ToolRunning(input={"n": 2})
+    assert await store.sessions.tool_part(sid, mid, "other") is None
+    assert await store.sessions.tool_part(sid, "msg_missing", "c") is None
+    receipt = await store.inputs.admit(sid, "hi")
+    await publish(store, ev.PromptPromoted(session_id=sid, input_id=receipt.id))
+    assert await store.sessions.tool_part(sid, receipt.id, "c") is None
+
+
 # --- synthetic ----------------------------------------------------------------------------------
 
 
