@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+T = TypeVar("T")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -46,6 +48,17 @@ def dump_model(model: BaseModel) -> str:
 
 def loads(text: str | bytes) -> Any:
     return json.loads(text)
+
+
+def load_model(adapter: TypeAdapter[T], text: str) -> T:
+    """Stored JSON as a model. pydantic's parser is the fast path; it refuses escaped lone
+    surrogates, and only then does the text go through ``loads``."""
+    try:
+        return adapter.validate_json(text)
+    except ValidationError as error:
+        if not any(e["type"] == "json_invalid" for e in error.errors()):
+            raise
+    return adapter.validate_python(loads(text))
 
 
 def column_text(value: str) -> str:

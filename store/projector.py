@@ -201,7 +201,7 @@ async def _write_back(tx: Tx) -> None:
         if entry.updated is None:
             continue
         message = entry.message
-        data = codec.dumps(message.model_dump(mode="json"))
+        data = codec.dump_model(message)
         params = {"mid": message.id, "updated": entry.updated, "body": data}
         await _WRITE_BACK.rows(tx.conn, tx.dialect, params)
         entry.updated = None
@@ -214,7 +214,7 @@ async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
         "kind": message.type,
         "message_seq": message.seq,
         "created": stored.created,
-        "body": codec.dumps(message.model_dump(mode="json")),
+        "body": codec.dump_model(message),
     }
     if await _INSERT_MESSAGE.first(tx.conn, tx.dialect, params) is None:
         raise LifecycleConflictError(message.id, "a message with this id already exists")
@@ -234,7 +234,7 @@ async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
     row = await MESSAGE_DATA.first(tx.conn, tx.dialect, {"mid": message_id, "sid": session_id})
     if row is None:
         return None
-    message = MESSAGE_ADAPTER.validate_python(codec.loads(row[0]))
+    message = codec.load_model(MESSAGE_ADAPTER, row[0])
     loaded[message_id] = _Loaded(message)
     return message
 

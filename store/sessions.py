@@ -124,7 +124,7 @@ class Sessions:
         params = {"mid": message_id, "sid": session_id}
         async with self.db.read() as conn:
             row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
-        return None if row is None else MESSAGE_ADAPTER.validate_python(codec.loads(row[0]))
+        return None if row is None else codec.load_model(MESSAGE_ADAPTER, row[0])
 
     async def tool_part(self, session_id: str, message_id: str, call_id: str) -> ToolPart | None:
         """The latest tool part of ``call_id`` in an assistant message (None if there is none).
@@ -147,7 +147,7 @@ class Sessions:
         validate_id(session_id)
         async with self.db.read() as conn:
             rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
-        return [MESSAGE_ADAPTER.validate_python(codec.loads(data)) for (data,) in rows]
+        return [codec.load_model(MESSAGE_ADAPTER, data) for (data,) in rows]
 
 
 _SESSION_COLUMNS = tuple(c.name for c in session_table.columns)
