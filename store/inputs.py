@@ -141,10 +141,8 @@ class Inputs:
         """Promote every pending steer, in admission order; returns how many."""
         if await pending_compaction(tx.conn, session_id) is not None:
             return 0
-        query = (
-            sa.select(_i.id).where(*_pending_prompts(session_id, "steer")).order_by(_i.admitted_seq)
-        )
-        ids = list((await tx.conn.execute(query)).scalars())
+        params = {"sid": session_id, "delivery": "steer"}
+        ids = [i for (i,) in await _PENDING_PROMPTS.rows(tx.conn, tx.dialect, params)]
         await self.events.publish_many(
             [ev.PromptPromoted(session_id=session_id, input_id=i) for i in ids], tx=tx
         )
@@ -154,26 +152,28 @@ class Inputs:
         """Promote the single oldest queued prompt; returns whether there was one."""
         if await pending_compaction(tx.conn, session_id) is not None:
             return False
-        query = (
-            sa.select(_i.id)
-            .where(*_pending_prompts(session_id, "queue"))
-            .order_by(_i.admitted_seq)
-            .limit(1)
-        )
-        next_id = (await tx.conn.execute(query)).scalar_one_or_none()
-        if next_id is None:
+        params = {"sid": session_id, "delivery": "queue"}
+        pending = await _PENDING_PROMPTS.first(tx.conn, tx.dialect, params)
+        if pending is None:
             return False
+        next_id = pending[0]
         await self.events.publish(ev.PromptPromoted(session_id=session_id, input_id=next_id), tx=tx)
         return True
 
 
-def _pending_prompts(session_id: str, delivery: Delivery) -> tuple[sa.ColumnElement[bool], ...]:
-    return (
-        _i.session_id == session_id,
-        _i.type == "prompt",
-        _i.delivery == delivery,
-        _i.promoted_seq.is_(None),
+# A session's pending prompts of one delivery, in admission order.
+_PENDING_PROMPTS = Prepared(
+    lambda _dialect: (
+        sa.select(_i.id)
+        .where(
+            _i.session_id == sa.bindparam("sid"),
+            _i.type == "prompt",
+            _i.delivery == sa.bindparam("delivery"),
+            _i.promoted_seq.is_(None),
+        )
+        .order_by(_i.admitted_seq)
     )
+)
 
 
 async def _deliveries(conn: Connection, session_id: str) -> tuple[bool, bool]:
