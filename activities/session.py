@@ -29,6 +29,7 @@ from sessionflow.models.drain import (
 from sessionflow.models.messages import AssistantMessage, Message, SyntheticMessage, ToolPart
 from store.claims import Phase
 from store.db import Tx
+from store.projector import load_message
 
 RESUME_BUDGET = 10
 RESTART_TEXT = (
@@ -168,12 +169,15 @@ class SessionActivities:
     async def finish_step(self, request: FinishStepInput) -> FinishStepResult:
         """Settle a step after all its tools: at most one terminal step event (ref. §4.5.14)."""
         turn, claim = request.turn, to_claim(request.claim)
-        async with translated():
-            message = await self.store.sessions.message(claim.session_id, turn.assistant_message_id)
+        async with (
+            translated(),
+            self.store.claims.fenced(claim, step_attempt=request.attempt) as tx,
+        ):
+            # Read in the transaction: its events then update this very message.
+            message = await load_message(tx, claim.session_id, turn.assistant_message_id)
             if not isinstance(message, AssistantMessage):
                 return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
-            async with self.store.claims.fenced(claim, step_attempt=request.attempt) as tx:
-                return await self._settle(tx, request, message)
+            return await self._settle(tx, request, message)
 
     async def _settle(
         self, tx: Tx, request: FinishStepInput, message: AssistantMessage
