@@ -135,6 +135,7 @@ def build_worker(
     providers: ProviderFactory = default_providers,
     graceful_shutdown: timedelta = timedelta(seconds=15),
     sandboxed: bool = False,
+    max_concurrent_activities: int = 1000,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -144,6 +145,13 @@ def build_worker(
     unsandboxed by default: in temporalio 1.35 the sandbox re-enters itself for every payload
     of every activation, about 0.7 ms of event-loop time each, a fifth of a busy worker's
     throughput (``bench/drain.py``). ``SESSIONFLOW_WORKFLOW_SANDBOX=true`` turns it back on.
+
+    ``max_concurrent_activities`` bounds the model turns and tool calls running at once. They
+    are coroutines that mostly wait (on a model stream, on a tool's process), so the bound is
+    far above the SDK's 100: at 100, fifty busy sessions fill every slot, and then the server
+    cannot hand a workflow task's new activities straight back to this worker (eager start)
+    and routes each through its task queue instead -- another poll, dispatch and persistence
+    round per activity. ``max_active_tools`` still caps each session's own tools.
     """
     runtime = Runtime(store=store, tools=tools or default_registry(), providers=providers)
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
@@ -157,6 +165,7 @@ def build_worker(
         default_heartbeat_throttle_interval=timedelta(milliseconds=250),
         graceful_shutdown_timeout=graceful_shutdown,
         workflow_runner=runner,
+        max_concurrent_activities=max_concurrent_activities,
     )
 
 
@@ -203,6 +212,7 @@ async def main() -> None:
         task_queue=task_queue,
         tools=tools_from_env(settings),
         sandboxed=settings.workflow_sandbox,
+        max_concurrent_activities=settings.max_concurrent_activities,
     )
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()

@@ -12,6 +12,8 @@ Environment variables (all optional):
 - ``SESSIONFLOW_OTEL_EXPORTER``: ``none`` (default), ``console`` or ``otlp``.
 - ``SESSIONFLOW_WORKFLOW_SANDBOX``: ``true`` runs the workers' workflows in Temporal's sandbox
   (default ``false``; the test suite always runs them there, see ``worker.build_worker``).
+- ``SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES``: model turns and tool calls one worker runs at once
+  (default 1000, see ``worker.build_worker``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Settings(BaseModel):
     poll_interval_ms: int | None = Field(default=None, ge=10)
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     workflow_sandbox: bool = False
+    max_concurrent_activities: int = Field(default=1000, ge=1)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -46,6 +49,7 @@ class Settings(BaseModel):
             ("poll_interval_ms", "SESSIONFLOW_POLL_INTERVAL_MS"),
             ("otel_exporter", "SESSIONFLOW_OTEL_EXPORTER"),
             ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
+            ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
         ):
             if env.get(name):
                 values[field] = env[name]

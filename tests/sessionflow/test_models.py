@@ -39,6 +39,14 @@ def test_settings_read_from_the_environment_once() -> None:
         settings.lease_ms = 1  # type: ignore[misc]
 
 
+def test_a_workers_activity_slots_are_a_setting() -> None:
+    assert Settings.from_env({}).max_concurrent_activities == 1000
+    env = {"SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES": "64"}
+    assert Settings.from_env(env).max_concurrent_activities == 64
+    with pytest.raises(ValidationError, match="max_concurrent_activities"):
+        Settings.from_env({"SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES": "0"})
+
+
 def test_the_workflow_sandbox_is_a_setting_off_by_default() -> None:
     assert Settings.from_env({}).workflow_sandbox is False
     assert Settings.from_env({"SESSIONFLOW_WORKFLOW_SANDBOX": "true"}).workflow_sandbox is True

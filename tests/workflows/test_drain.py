@@ -122,6 +122,8 @@ async def test_a_worker_runs_the_drain_unsandboxed_unless_asked(
             assert isinstance(sandboxed.config()["workflow_runner"], SandboxedWorkflowRunner)
         default = build_worker(h.client.temporal, h.store, task_queue=queue, tools=tools)
         assert isinstance(default.config()["workflow_runner"], UnsandboxedWorkflowRunner)
+        # Far above the SDK's 100 slots, which fifty busy sessions fill (then no eager start).
+        assert default.config()["max_concurrent_activities"] == 1000
         sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
         async with default:
             await run(h, sid)
