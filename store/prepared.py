@@ -25,7 +25,8 @@ from store.db import Connection, InlineConnection
 from store.dialect import DialectName
 
 _DIALECTS: dict[DialectName, sa.Dialect] = {
-    "sqlite": pysqlite.dialect(),
+    # Named parameters: sqlite3 takes the caller's dict as it is (no tuple built per call).
+    "sqlite": pysqlite.dialect(paramstyle="named"),
     "postgresql": pg_dialect.dialect(),  # type: ignore[no-untyped-call]
 }
 # What a driver raises for a constraint violation, on either path.
@@ -35,7 +36,6 @@ INTEGRITY_ERRORS = (IntegrityError, sqlite3.IntegrityError)
 @dataclass(frozen=True)
 class _Compiled:
     sql: str
-    positions: tuple[str, ...] | None  # parameter order for positional drivers (SQLite)
     defaults: dict[str, Any]  # values of the statement's own literals
 
 
@@ -58,16 +58,14 @@ class Prepared:
         found = self._compiled.get(dialect)
         if found is None:
             compiled = self._build(dialect).compile(dialect=_DIALECTS[dialect])
-            positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+            assert not compiled.positional, "both drivers take named parameters"
             defaults = {k: v for k, v in compiled.params.items() if v is not None}
-            found = self._compiled[dialect] = _Compiled(str(compiled), positions, defaults)
+            found = self._compiled[dialect] = _Compiled(str(compiled), defaults)
         return found
 
-    def _args(self, compiled: _Compiled, params: dict[str, Any]) -> Any:
-        merged = {**compiled.defaults, **params} if compiled.defaults else params
-        if compiled.positions is None:
-            return merged
-        return tuple(merged[name] for name in compiled.positions)
+    @staticmethod
+    def _args(compiled: _Compiled, params: dict[str, Any]) -> dict[str, Any]:
+        return {**compiled.defaults, **params} if compiled.defaults else params
 
     async def rows(
         self, conn: Connection, dialect: DialectName, params: dict[str, Any]
