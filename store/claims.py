@@ -15,6 +15,7 @@ Invariants (DESIGN "The claim"):
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -122,14 +123,7 @@ class Claims:
         current = await self._lock_current(tx, session_id)
         if current is None:
             claim = self._new_claim(session_id, execution_id, owner_id, last_epoch + 1, now, lease)
-            values = _claim_values(claim, now)
-            inserted = await tx.conn.execute(
-                insert(tx.dialect, execution_table)
-                .values(**values)
-                .on_conflict_do_nothing(index_elements=[_x.session_id])
-                .returning(_x.id)
-            )
-            if inserted.scalar_one_or_none() is None:
+            if await _INSERT_CLAIM.first(tx.conn, tx.dialect, _claim_values(claim, now)) is None:
                 # Another acquirer committed first; its claim is live by construction.
                 current = await self._lock_current(tx, session_id)
                 assert current is not None
@@ -147,11 +141,7 @@ class Claims:
                 .where(_x.session_id == session_id, _x.id == current.id)
                 .values(**_claim_values(claim, now))
             )
-        await tx.conn.execute(
-            session_table.update()
-            .where(session_table.c.id == session_id)
-            .values(claim_epoch=claim.epoch)
-        )
+        await _SET_EPOCH.rows(tx.conn, tx.dialect, {"sid": session_id, "epoch": claim.epoch})
         return claim
 
     def _new_claim(
@@ -160,18 +150,18 @@ class Claims:
         return Claim(session_id, execution_id, owner_id, epoch, now + lease, lease)
 
     async def _now(self, tx: Tx) -> int:
-        return int((await tx.conn.execute(sa.select(now_ms(tx.dialect)))).scalar_one())
+        ((now,),) = await _NOW.rows(tx.conn, tx.dialect, {})
+        return int(now)
 
     async def _session_epoch(self, tx: Tx, session_id: str) -> int:
-        query = sa.select(session_table.c.claim_epoch).where(session_table.c.id == session_id)
-        epoch = (await tx.conn.execute(query)).scalar_one_or_none()
-        if epoch is None:
+        row = await _SESSION_EPOCH.first(tx.conn, tx.dialect, {"sid": session_id})
+        if row is None:
             raise SessionNotFoundError(session_id)
-        return int(epoch)
+        return int(row[0])
 
     async def _lock_current(self, tx: Tx, session_id: str) -> Any:
-        query = sa.select(execution_table).where(_x.session_id == session_id)
-        return (await tx.conn.execute(for_update(tx.dialect, query))).one_or_none()
+        row = await _LOCK_CURRENT.first(tx.conn, tx.dialect, {"sid": session_id})
+        return None if row is None else _ExecutionRow(*row)
 
     async def _record_recovery(self, tx: Tx, dead: Any, now: int) -> None:
         # The resume budget belongs to the orphaned turn: a recovery that dies again inherits
@@ -208,10 +198,13 @@ class Claims:
 
     async def release_in(self, tx: Tx, claim: Claim) -> None:
         """``release`` inside ``tx``: the claim goes when (and only if) ``tx`` commits."""
-        result = await tx.conn.execute(
-            execution_table.delete().where(*_fence(claim, tx)).returning(_x.id)
-        )
-        if result.scalar_one_or_none() is None:
+        params = {
+            "sid": claim.session_id,
+            "eid": claim.execution_id,
+            "owner": claim.owner_id,
+            "epoch": claim.epoch,
+        }
+        if await _RELEASE.first(tx.conn, tx.dialect, params) is None:
             raise await self._lost(tx.conn, claim)
 
     async def set_phase(
@@ -338,14 +331,9 @@ class Claims:
 
     async def recoveries(self, session_id: str) -> list[Recovery]:
         """Pending recoveries: ``wake_pending`` without error, oldest first, then execution id."""
-        r = recovery_table.c
-        query = (
-            sa.select(recovery_table)
-            .where(r.session_id == session_id, r.wake_pending, r.recovery_error.is_(None))
-            .order_by(r.time_created, r.execution_id)
-        )
         async with self.db.read() as conn:
-            return [Recovery(**row._mapping) for row in (await conn.execute(query)).all()]
+            rows = await _RECOVERIES.rows(conn, self.db.dialect, {"sid": session_id})
+        return [Recovery(**dict(zip(_RECOVERY_COLUMNS, row, strict=True))) for row in rows]
 
     async def begin_recovery(self, tx: Tx, recovery: Recovery) -> int:
         """Count one resume of ``recovery`` durably (inside a fenced ``tx``); returns the count."""
@@ -368,9 +356,7 @@ class Claims:
 
     async def clear_recoveries(self, tx: Tx, session_id: str) -> None:
         """Forget the session's recoveries: a terminal event ended the orphaned turn."""
-        await tx.conn.execute(
-            recovery_table.delete().where(recovery_table.c.session_id == session_id)
-        )
+        await _CLEAR_RECOVERIES.rows(tx.conn, tx.dialect, {"sid": session_id})
 
 
 def _renew(*, attempt: bool) -> Prepared:
@@ -410,14 +396,78 @@ _RECORD_PHASE = Prepared(
 )
 
 
-def _fence(claim: Claim, tx: Tx) -> tuple[sa.ColumnElement[bool], ...]:
-    return (
-        _x.session_id == claim.session_id,
-        _x.id == claim.execution_id,
-        _x.owner_id == claim.owner_id,
-        _x.epoch == claim.epoch,
-        _x.expires_at > now_ms(tx.dialect),
+# --- the acquisition's statements (built once, see store.prepared) ------------------------------
+
+_ExecutionRow = namedtuple(  # type: ignore[misc]
+    "_ExecutionRow", [c.name for c in execution_table.columns]
+)
+_NOW = Prepared(lambda dialect: sa.select(now_ms(dialect)))
+_SESSION_EPOCH = Prepared(
+    lambda _dialect: sa.select(session_table.c.claim_epoch).where(
+        session_table.c.id == sa.bindparam("sid")
     )
+)
+_LOCK_CURRENT = Prepared(
+    lambda dialect: for_update(
+        dialect, sa.select(execution_table).where(_x.session_id == sa.bindparam("sid"))
+    )
+)
+_CLAIM_COLUMNS = (
+    "id",
+    "session_id",
+    "owner_id",
+    "epoch",
+    "phase",
+    "assistant_message_id",
+    "step_attempt",
+    "time_created",
+    "expires_at",
+)
+_INSERT_CLAIM = Prepared(
+    lambda dialect: (
+        insert(dialect, execution_table)
+        .values({name: sa.bindparam(name) for name in _CLAIM_COLUMNS})
+        .on_conflict_do_nothing(index_elements=[_x.session_id])
+        .returning(_x.id)
+    )
+)
+_SET_EPOCH = Prepared(
+    lambda _dialect: (
+        session_table.update()
+        .where(session_table.c.id == sa.bindparam("sid"))
+        .values(claim_epoch=sa.bindparam("epoch"))
+    )
+)
+_RELEASE = Prepared(
+    lambda dialect: (
+        execution_table.delete()
+        .where(
+            _x.session_id == sa.bindparam("sid"),
+            _x.id == sa.bindparam("eid"),
+            _x.owner_id == sa.bindparam("owner"),
+            _x.epoch == sa.bindparam("epoch"),
+            _x.expires_at > now_ms(dialect),
+        )
+        .returning(_x.id)
+    )
+)
+_RECOVERY_COLUMNS = tuple(c.name for c in recovery_table.columns)
+_RECOVERIES = Prepared(
+    lambda _dialect: (
+        sa.select(recovery_table)
+        .where(
+            recovery_table.c.session_id == sa.bindparam("sid"),
+            recovery_table.c.wake_pending,
+            recovery_table.c.recovery_error.is_(None),
+        )
+        .order_by(recovery_table.c.time_created, recovery_table.c.execution_id)
+    )
+)
+_CLEAR_RECOVERIES = Prepared(
+    lambda _dialect: recovery_table.delete().where(
+        recovery_table.c.session_id == sa.bindparam("sid")
+    )
+)
 
 
 def _claim_values(claim: Claim, now: int) -> dict[str, Any]:
