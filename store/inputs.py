@@ -7,7 +7,9 @@ Promotion runs inside the drain's fenced transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -108,10 +110,8 @@ class Inputs:
 
     async def get(self, input_id: str) -> InputReceipt | None:
         async with self.db.read() as conn:
-            row = (
-                await conn.execute(sa.select(input_table).where(_i.id == input_id))
-            ).one_or_none()
-        return None if row is None else _receipt(row)
+            row = await _INPUT.first(conn, self.db.dialect, {"id": input_id})
+        return None if row is None else _receipt(dict(zip(_INPUT_COLUMNS, row, strict=True)))
 
     async def pending(self, session_id: str) -> list[InputReceipt]:
         """Inputs not yet promoted (or, for compactions, not yet handled), in admission order."""
@@ -121,7 +121,7 @@ class Inputs:
             .order_by(_i.admitted_seq)
         )
         async with self.db.read() as conn:
-            return [_receipt(row) for row in (await conn.execute(query)).all()]
+            return [_receipt(row._mapping) for row in (await conn.execute(query)).all()]
 
     async def pending_deliveries(
         self, session_id: str, *, tx: Tx | None = None
@@ -198,13 +198,18 @@ _DELIVERIES = Prepared(
 
 
 async def _require_session(conn: Connection, session_id: str) -> None:
-    query = sa.select(session_table.c.id).where(session_table.c.id == session_id)
-    if (await conn.execute(query)).scalar_one_or_none() is None:
+    if await _SESSION_EXISTS.scalar(conn, {"sid": session_id}) is None:
         raise SessionNotFoundError(session_id)
 
 
-def _receipt(row: sa.Row[tuple[object, ...]]) -> InputReceipt:
-    m = row._mapping
+_SESSION_EXISTS = Prepared(
+    lambda _dialect: sa.select(session_table.c.id).where(session_table.c.id == sa.bindparam("sid"))
+)
+_INPUT_COLUMNS = tuple(c.name for c in input_table.columns)
+_INPUT = Prepared(lambda _dialect: sa.select(input_table).where(_i.id == sa.bindparam("id")))
+
+
+def _receipt(m: Mapping[str, Any]) -> InputReceipt:
     prompt = Prompt.model_validate(codec.loads(m["prompt"])) if m["prompt"] else None
     return InputReceipt(
         id=m["id"],
