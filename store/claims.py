@@ -10,7 +10,8 @@ Invariants (DESIGN "The claim"):
 - ``fenced`` opens a write transaction that renews first (which locks the claim row on
   PostgreSQL; SQLite write transactions are exclusive), so a takeover waits for it or it fails
   with ``ClaimLostError`` and rolls back everything it wrote.
-- Lock order is claim row, then session row, in every transaction, so they cannot deadlock.
+- Lock order is claim row, then event sequence row, then session row, in every transaction
+  (an event's projections take the session row after its sequence row), so none deadlock.
 """
 
 from __future__ import annotations
@@ -105,7 +106,10 @@ class Claims:
         """``acquire``, with the transaction left open for what the new claim starts.
 
         Whatever is written inside commits with the claim (or not at all) and is stamped with
-        it, as in ``fenced``: one transaction, one commit, instead of two.
+        it, as in ``fenced``: one transaction, one commit, instead of two. The session row's
+        epoch is written last, after those writes: on PostgreSQL an event takes its sequence
+        row before its projections take the session row, in every transaction (an admission
+        does exactly that), so taking the session row first here could deadlock with one.
         """
         validate_id(session_id)
         validate_id(execution_id, "execution")
@@ -114,6 +118,8 @@ class Claims:
             claim = await self._acquire(tx, session_id, execution_id, owner_id, lease)
             tx.stamp = Stamp(claim.execution_id, claim.epoch)
             yield claim, tx
+            params = {"sid": session_id, "epoch": claim.epoch}
+            await _SET_EPOCH.rows(tx.conn, tx.dialect, params)
 
     async def _acquire(
         self, tx: Tx, session_id: str, execution_id: str, owner_id: str, lease: int
@@ -141,8 +147,7 @@ class Claims:
                 .where(_x.session_id == session_id, _x.id == current.id)
                 .values(**_claim_values(claim, now))
             )
-        await _SET_EPOCH.rows(tx.conn, tx.dialect, {"sid": session_id, "epoch": claim.epoch})
-        return claim
+        return claim  # its epoch goes on the session row at the end of ``acquiring``
 
     def _new_claim(
         self, session_id: str, execution_id: str, owner_id: str, epoch: int, now: int, lease: int

@@ -77,6 +77,19 @@ async def test_what_a_new_claim_starts_commits_with_it_stamped_or_not_at_all(sto
     assert await rows(store, "SELECT id FROM session_execution") == [("exec_a",)]
 
 
+async def test_an_admission_during_an_acquisition_does_not_deadlock(store: Store) -> None:
+    """The admission takes the sequence row, then the session row; so must the acquisition."""
+    sid = await new_session(store)
+    started = ev.ExecutionStarted(session_id=sid, execution_id="exec_a")
+    async with store.claims.acquiring(sid, "exec_a", "owner-a") as (_claim, tx):
+        admission = asyncio.create_task(store.inputs.admit(sid, "hi"))
+        await asyncio.sleep(0.3)  # on PostgreSQL it now holds the sequence row
+        await store.events.publish(started, tx=tx)
+    receipt = await asyncio.wait_for(admission, 10)
+    assert (await store.inputs.get(receipt.id)) is not None
+    assert await count(store, "session_execution") == 1
+
+
 async def test_a_release_inside_a_transaction_goes_only_if_it_commits(store: Store) -> None:
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner-a")
