@@ -16,8 +16,10 @@ records when its ``execute`` starts), and measures:
    ``created`` of a step against the arrival of the session's next provider request;
 4. throughput: 50 concurrent sessions, each one prompt whose script plays 3 turns of 5 probe
    calls (no delays) and a closing text turn, against a bare Temporal baseline on the same server
-   in the same run: a trivial workflow running 3 x (1 + 5) no-op activities per "session", 50
-   concurrently (in its own small module, with the default sandbox). A session counts as done
+   in the same run: a trivial workflow running as many no-op activities per "session" as a
+   session makes provider requests and tool calls -- 3 x (1 + 5) + 1, the last for the closing
+   request (runs before 2026-12-01 left that one out) -- 50 concurrently (in its own small
+   module, with the default sandbox). A session counts as done
    when its busy period's ``finish_execution`` returns; a baseline one when its result does.
    ``--rounds`` alternate the two (three by default: on this VM the bare baseline alone moves
    by +-15 % from one round to the next; the whole run stays under a minute); the ratio is of
@@ -281,7 +283,7 @@ def _activity_key(type_: str, args: Sequence[Any]) -> str:
 # workflow sandbox re-imports a workflow's module for every run (as it does
 # ``workflows/session.py``), and re-importing this whole script would tax the baseline unfairly.
 BASELINE_MODULE = "sessionflow_bench_baseline"
-BASELINE_SOURCE = '''"""The bare baseline: one "session" is turns x (1 + tools) no-op activities."""
+BASELINE_SOURCE = '''"""The bare baseline: a "session" is turns x (1 + tools) + 1 no-ops."""
 
 import asyncio
 from datetime import timedelta
@@ -307,6 +309,7 @@ class Baseline:
                     for _ in range(tools)
                 )
             )
+        await workflow.execute_activity(noop, start_to_close_timeout=timeout)
 '''
 
 
@@ -376,12 +379,16 @@ def analyse(sid: str, events: Sequence[ClientEvent], clock: Clock, prompted: flo
     first = clock.requests.get((sid, 0))
     if first is not None:
         out.wake.append(_ms(first, prompted))
-        chain = [clock.activity(sid, name) for name in ("acquire_claim", "prepare_drain")]
+        # One local activity claims and prepares (runs recorded before: two of them).
+        names = [
+            name
+            for name in ("claim_and_prepare", "acquire_claim", "prepare_drain")
+            if clock.activity(sid, name) is not None
+        ]
+        chain = [clock.activity(sid, name) for name in names]
         turn = clock.activity(sid, "stream_turn", steps[0]) if steps else None
         mark = prompted
-        for name, record in zip(
-            ("acquire_claim", "prepare_drain", "stream_turn"), [*chain, turn], strict=True
-        ):
+        for name, record in zip([*names, "stream_turn"], [*chain, turn], strict=True):
             if record is None:
                 break
             out.hop("wake", f"-> {name} scheduled (workflow task)", _ms(record.scheduled, mark))
@@ -445,6 +452,13 @@ class Shape:
     sessions: int
     turns: int
     tools: int
+
+
+def units(shape: Shape) -> int:
+    """A session's provider requests and tool calls: its tool turns, each a request and its
+    calls, and the closing request that answers the last results. The baseline runs as many
+    no-op activities."""
+    return shape.turns * (1 + shape.tools) + 1
 
 
 def write_script(directory: Path, shape: Shape) -> str:
@@ -552,13 +566,12 @@ async def drain_round(
         if tools != shape.turns * shape.tools or requests != shape.turns + 1:
             raise RuntimeError(f"session {sid}: {tools} tool results, {requests} requests")
         samples.extend(analyse(sid, events, clock, prompted[sid]))
-    per_session = shape.turns * (1 + shape.tools)
     return (
         Round(
             "sessionflow",
             shape.sessions,
             shape.sessions * shape.turns,
-            shape.sessions * per_session,
+            shape.sessions * units(shape),
             seconds,
             cpu_self,
             cpu_server,
@@ -581,6 +594,7 @@ def baseline_hops(clock: Clock, workflow_ids: Iterable[str], shape: Shape) -> li
             groups.append(records[:1])
             groups.append(records[1 : 1 + shape.tools])
             records = records[1 + shape.tools :]
+        groups.append(records[:1])  # the closing "request"
         for before, after in itertools.pairwise(g for g in groups if g):
             gaps.append(_ms(min(a.scheduled for a in after), max(a.exited for a in before)))
     return gaps
@@ -610,12 +624,11 @@ async def baseline_round(client: Client, task_queue: str, shape: Shape) -> Round
     )
     seconds = time.perf_counter() - started
     cpu_self, cpu_server = cpu.read()
-    per_session = shape.turns * (1 + shape.tools)
     return Round(
         "bare Temporal",
         shape.sessions,
         shape.sessions * shape.turns,
-        shape.sessions * per_session,
+        shape.sessions * units(shape),
         seconds,
         cpu_self,
         cpu_server,
@@ -856,7 +869,8 @@ async def run(
     print(
         f"script: {shape.turns} turns x {shape.tools} probe calls, then a closing text turn; "
         f"throughput: {shape.sessions} concurrent sessions x {args.rounds} round(s); baseline: "
-        f"{shape.turns} x (1 + {shape.tools}) no-op activities per session"
+        f"{shape.turns} x (1 + {shape.tools}) + 1 no-op activities per session (as many as a "
+        "session's provider requests and tool calls)"
     )
     phase = Phases()
     async with drain_worker, base_worker:
