@@ -117,6 +117,7 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
     return [
         SweepActivities(runtime, task_queue=task_queue).sweep_recoverable,
         session.acquire_claim,
+        session.claim_and_prepare,
         session.finish_execution,
         session.prepare_drain,
         session.pending_inputs,

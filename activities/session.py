@@ -16,6 +16,8 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
     AcquireInput,
+    ClaimAndPrepareInput,
+    ClaimAndPrepareResult,
     ClaimRef,
     FinishExecutionInput,
     FinishStepInput,
@@ -101,6 +103,15 @@ class SessionActivities:
                 await self.store.claims.clear_recoveries(tx, claim.session_id)
                 if not request.keep_claim:
                     await self.store.claims.release_in(tx, fenced)
+
+    @activity.defn
+    async def claim_and_prepare(self, request: ClaimAndPrepareInput) -> ClaimAndPrepareResult:
+        """``acquire_claim`` then ``prepare_drain``: a busy period's start as one local
+        activity (one workflow activation fewer). Both halves are idempotent, so a failure in
+        the second is retried as the two separate activities."""
+        claim = await self.acquire_claim(request.acquire)
+        prep = await self.prepare_drain(PrepareInput(claim=claim, force=request.force))
+        return ClaimAndPrepareResult(claim=claim, prep=prep)
 
     # --- preparation ----------------------------------------------------------------------------
 

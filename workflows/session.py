@@ -26,6 +26,8 @@ with workflow.unsafe.imports_passed_through():
     from sessionflow.models.drain import (
         AcquireInput,
         CallRef,
+        ClaimAndPrepareInput,
+        ClaimAndPrepareResult,
         ClaimRef,
         DrainInput,
         DrainResume,
@@ -56,6 +58,9 @@ LINGER = timedelta(seconds=2)
 # user turn and lingered LINGER before ending; runs after it claim with CLAIM_AT_ONCE first,
 # take the pending inputs from finish_step's result and end as soon as nothing is owed.
 FEWER_ROUND_TRIPS = "fewer-round-trips"
+# Runs after this one claim and prepare their first drain in one local activity
+# (claim_and_prepare); before it, acquire_claim and prepare_drain ran one after the other.
+PREPARE_WITH_CLAIM = "prepare-with-claim"
 MAX_RETRIES = 4
 T = TypeVar("T")
 
@@ -180,6 +185,7 @@ class SessionWorkflow:
         self.outcomes: dict[int, Outcome] = {}
         self.drain_task: asyncio.Task[None] | None = None
         self.claim: ClaimRef | None = None
+        self.prepared: PrepareResult | None = None  # the first drain's, from claim_and_prepare
         self._phase = "idle"
         self.step = 0
         self.attempts = 0
@@ -324,6 +330,7 @@ class SessionWorkflow:
             self.attempts, force = resume.attempts, False
         period = self.period
         self.busy, self.stopping, self.interrupt_reason = True, False, None
+        self.prepared = None
         outcome = Outcome(type="succeeded")
         try:
             # Claiming runs inside the cancellable task too: the claim may wait a whole lease
@@ -348,12 +355,12 @@ class SessionWorkflow:
         self.claim, self.drain_task, self.phase = None, None, "idle"
 
     async def _claim_and_drain(self, period: int, force: bool, resume: DrainResume | None) -> None:
-        claim = resume.claim if resume is not None else await self._acquire(period)
+        claim = resume.claim if resume is not None else await self._acquire(period, force)
         self.claim = claim
         self._check_stopping()  # interrupted just as the claim was granted
         await self._drains(claim, force, resume)
 
-    async def _acquire(self, period: int) -> ClaimRef:
+    async def _acquire(self, period: int, force: bool) -> ClaimRef:
         info = workflow.info()
         execution_id = f"{info.run_id}_{period}"
         self.phase = "claiming"
@@ -364,6 +371,14 @@ class SessionWorkflow:
         )
         if workflow.patched(FEWER_ROUND_TRIPS):
             try:
+                if workflow.patched(PREPARE_WITH_CLAIM):
+                    both = ClaimAndPrepareInput(acquire=request, force=force)
+                    summary = "claim and prepare"
+                    result = await call(
+                        "claim_and_prepare", both, ClaimAndPrepareResult, summary, CLAIM_AT_ONCE
+                    )
+                    self.prepared = result.prep
+                    return result.claim
                 return await call("acquire_claim", request, ClaimRef, "claim", CLAIM_AT_ONCE)
             except (ActivityError, ApplicationError) as error:
                 failed = error if isinstance(error, ApplicationError) else error.cause
@@ -395,9 +410,11 @@ class SessionWorkflow:
         self._check_stopping()
 
     async def _drain(self, claim: ClaimRef, force: bool) -> None:
-        self.phase = "preparing"
-        request = PrepareInput(claim=claim, force=force)
-        prep = await call("prepare_drain", request, PrepareResult, "prepare drain", SHORT)
+        prep, self.prepared = self.prepared, None
+        if prep is None:
+            self.phase = "preparing"
+            request = PrepareInput(claim=claim, force=force)
+            prep = await call("prepare_drain", request, PrepareResult, "prepare drain", SHORT)
         self._check_stopping()
         if prep.failure is not None:
             raise DrainFailure(prep.failure)

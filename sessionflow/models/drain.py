@@ -120,6 +120,13 @@ class PrepareInput(Model):
     force: bool
 
 
+class ClaimAndPrepareInput(Model):
+    """A busy period's claim and its first drain's preparation, in one local activity."""
+
+    acquire: AcquireInput
+    force: bool
+
+
 class PrepareResult(Model):
     run: bool
     promotion: Promotion = None
@@ -127,6 +134,11 @@ class PrepareResult(Model):
     max_active_tools: int = 8
     stale_tools: int = 0
     failure: SessionError | None = None
+
+
+class ClaimAndPrepareResult(Model):
+    claim: ClaimRef
+    prep: PrepareResult
 
 
 class PendingInput(Model):

@@ -24,8 +24,8 @@ class ReorderedSessionWorkflow(SessionWorkflow):
     async def run(self, input: DrainInput) -> None:
         await super().run(input)
 
-    async def _acquire(self, period: int) -> Any:
+    async def _acquire(self, period: int, force: bool) -> Any:
         await workflow.execute_activity(
             "pending_inputs", None, start_to_close_timeout=timedelta(seconds=5)
         )
-        return await super()._acquire(period)
+        return await super()._acquire(period, force)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -564,11 +565,23 @@ def _scheduled(history: Any) -> list[str]:
     ]
 
 
+def _local(history: Any) -> list[str]:
+    """The local activities a history recorded, in order (from their markers)."""
+    types = []
+    for e in history.events:
+        marker = e.marker_recorded_event_attributes
+        if e.HasField("marker_recorded_event_attributes") and "data" in marker.details:
+            types.append(json.loads(marker.details["data"].payloads[0].data)["activity_type"])
+    return types
+
+
 async def test_a_free_claim_is_taken_inside_the_first_workflow_task(h: Harness) -> None:
     sid = await h.session([{"text": "hi"}])
     await run(h, sid)
     history = await h.client._handle(sid).fetch_history()
     assert "acquire_claim" not in _scheduled(history)  # a local activity: no server round trip
+    # The claim and the first drain's preparation are one local activity (one activation).
+    assert _local(history) == ["claim_and_prepare", "finish_step", "finish_execution"]
     assert "session.execution.started" in await h.types(sid)
 
 
