@@ -63,11 +63,13 @@ class Inputs:
     ) -> InputReceipt:
         """Record a prompt durably; idempotent by ``input_id`` (the future user message id)."""
         validate_id(session_id)
-        input_id = validate_id(input_id, "input") if input_id is not None else message_id()
         prompt = Prompt(text=prompt) if isinstance(prompt, str) else prompt
         if delivery not in ("steer", "queue"):
             raise ValueError(f"Unknown delivery {delivery!r}: use 'steer' or 'queue'")
-        existing = await self.get(input_id)
+        fresh = input_id is None
+        input_id = validate_id(input_id, "input") if input_id is not None else message_id()
+        # A caller's id may have been admitted before (a retry); a fresh one cannot have been.
+        existing = None if fresh else await self.get(input_id)
         if existing is None:
             event = ev.PromptAdmitted(
                 session_id=session_id, input_id=input_id, prompt=prompt, delivery=delivery
@@ -75,7 +77,17 @@ class Inputs:
             try:
                 async with self.db.write() as tx:
                     await _require_session(tx.conn, session_id)
-                    await self.events.publish(event, tx=tx)
+                    stored = await self.events.publish(event, tx=tx)
+                return InputReceipt(
+                    id=input_id,
+                    session_id=session_id,
+                    type="prompt",
+                    prompt=prompt,
+                    delivery=delivery,
+                    admitted_seq=stored.seq,
+                    promoted_seq=None,
+                    time_created=stored.created,
+                )
             except LifecycleConflictError:
                 pass  # a concurrent admission of the same id won; compare with it below
             existing = await self.get(input_id)

@@ -81,6 +81,8 @@ async def test_admit_generates_an_input_id(store: Store) -> None:
     assert one.id.startswith("msg_")
     assert one.id != two.id
     assert await count(store, "session_input") == 2
+    # The receipt of a fresh admission is the stored input, as a later read returns it.
+    assert [await store.inputs.get(r.id) for r in (one, two)] == [one, two]
 
 
 async def test_admission_is_idempotent_by_input_id(store: Store) -> None:
