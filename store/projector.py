@@ -297,23 +297,42 @@ async def _system(tx: Tx, stored: StoredEvent, event: ev.InstructionsUpdated) ->
 async def _admitted(tx: Tx, stored: StoredEvent, event: ev.PromptAdmitted) -> None:
     if await load_message(tx, event.session_id, event.input_id) is not None:
         raise LifecycleConflictError(event.input_id, "a message with this id already exists")
-    statement = (
-        insert(tx.dialect, input_table)
+    params = {
+        "id": event.input_id,
+        "session_id": event.session_id,
+        "prompt": codec.dumps(event.prompt.model_dump(mode="json")),
+        "delivery": event.delivery,
+        "admitted_seq": stored.seq,
+        "time_created": stored.created,
+    }
+    if await _ADMIT.first(tx.conn, tx.dialect, params) is None:
+        raise LifecycleConflictError(event.input_id, "already admitted")
+    await _touch(tx, stored)
+
+
+_ADMIT = Prepared(
+    lambda dialect: (
+        insert(dialect, input_table)
         .values(
-            id=event.input_id,
-            session_id=event.session_id,
-            type="prompt",
-            prompt=codec.dumps(event.prompt.model_dump(mode="json")),
-            delivery=event.delivery,
-            admitted_seq=stored.seq,
-            time_created=stored.created,
+            {
+                "type": "prompt",
+                **{
+                    name: sa.bindparam(name)
+                    for name in (
+                        "id",
+                        "session_id",
+                        "prompt",
+                        "delivery",
+                        "admitted_seq",
+                        "time_created",
+                    )
+                },
+            }
         )
         .on_conflict_do_nothing()
         .returning(input_table.c.id)
     )
-    if not await _inserted(tx, statement):
-        raise LifecycleConflictError(event.input_id, "already admitted")
-    await _touch(tx, stored)
+)
 
 
 _PENDING_COMPACTION = Prepared(
@@ -335,21 +354,11 @@ async def pending_compaction(conn: Connection, session_id: str) -> str | None:
 async def _promoted(tx: Tx, stored: StoredEvent, event: ev.PromptPromoted) -> None:
     if await pending_compaction(tx.conn, event.session_id) is not None:
         raise LifecycleConflictError(event.input_id, "a compaction is pending")
-    result = await tx.conn.execute(
-        input_table.update()
-        .where(
-            input_table.c.id == event.input_id,
-            input_table.c.session_id == event.session_id,
-            input_table.c.type == "prompt",
-            input_table.c.promoted_seq.is_(None),
-        )
-        .values(promoted_seq=stored.seq)
-        .returning(input_table.c.prompt)
-    )
-    prompt = result.scalar_one_or_none()
-    if prompt is None:
+    params = {"id": event.input_id, "sid": event.session_id, "seq": stored.seq}
+    promoted = await _PROMOTE.first(tx.conn, tx.dialect, params)
+    if promoted is None:
         raise LifecycleConflictError(event.input_id, "not pending")
-    data = codec.loads(prompt)
+    data = codec.loads(promoted[0])
     message = UserMessage(
         id=event.input_id,
         session_id=event.session_id,
@@ -361,6 +370,21 @@ async def _promoted(tx: Tx, stored: StoredEvent, event: ev.PromptPromoted) -> No
     )
     await _insert_message(tx, stored, message)
     await _touch(tx, stored)
+
+
+_PROMOTE = Prepared(
+    lambda _dialect: (
+        input_table.update()
+        .where(
+            input_table.c.id == sa.bindparam("id"),
+            input_table.c.session_id == sa.bindparam("sid"),
+            input_table.c.type == "prompt",
+            input_table.c.promoted_seq.is_(None),
+        )
+        .values(promoted_seq=sa.bindparam("seq"))
+        .returning(input_table.c.prompt)
+    )
+)
 
 
 @handles(ev.CompactionAdmitted)
