@@ -164,20 +164,24 @@ async def run_command(
     on_output: OnOutput,
 ) -> Run:
     stream, transport, write_end = await _open_pipe()
+    token = process.intend()  # recorded before it starts: a worker may die in between
     try:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=cwd,
-                env=env,
+                env={**env, process.TOKEN_VARIABLE: token},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=write_end,
                 stderr=write_end,
                 start_new_session=True,
             )
+        except BaseException:
+            process.abandon(token)
+            raise
         finally:
             os.close(write_end)
-        return await _supervised(proc, stream, Run(capture), time_limit, grace, on_output)
+        return await _supervised(proc, stream, Run(capture), time_limit, grace, on_output, token)
     finally:
         transport.close()
 
@@ -189,8 +193,9 @@ async def _supervised(
     limit: float,
     grace: float,
     on_output: OnOutput,
+    token: str,
 ) -> Run:
-    process.track(proc.pid)
+    process.track(proc.pid, token)
     try:
         await _supervise(proc, stream, run, limit, grace, on_output)
     except BaseException:

@@ -15,7 +15,11 @@ the shutdown path and is registered with ``atexit``.
 
 A worker killed outright (SIGKILL, OOM) runs no backstop, so each running group is also recorded
 in a per-host directory with its worker's identity (pid and start time). ``reap_orphans``, run
-by every worker at start and then periodically, kills the groups whose worker is gone.
+by every worker at start and then periodically, kills the groups whose worker is gone. The
+record is made *before* the command starts (``intend``): a pid exists only once it runs, so the
+record first names a token that the command carries in its environment (``TOKEN_VARIABLE``),
+and ``track`` then replaces it with the pid. A worker killed between the two leaves a command
+that the reaper still finds, by its token, in ``/proc``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import signal
 import tempfile
 import time
+import uuid
 from contextlib import suppress
 from pathlib import Path
 
@@ -40,7 +45,32 @@ def records_dir() -> Path:
     return Path(configured or tempfile.gettempdir()) / f"sessionflow-processes-{os.getuid()}"
 
 
-def track(leader: int) -> None:
+TOKEN_VARIABLE = "SESSIONFLOW_TOOL_GROUP"
+_PENDING = "pending-"
+
+
+def _worker_identity() -> str:
+    return f"{os.getpid()} {start_time(os.getpid())}"
+
+
+def intend() -> str:
+    """Record a command about to start; returns the token its environment must carry."""
+    token = uuid.uuid4().hex
+    with suppress(OSError):
+        directory = records_dir()
+        directory.mkdir(mode=0o700, exist_ok=True)
+        (directory / f"{_PENDING}{token}").write_text(_worker_identity())
+    return token
+
+
+def abandon(token: str) -> None:
+    """Forget an ``intend`` whose command never started."""
+    with suppress(OSError):
+        (records_dir() / f"{_PENDING}{token}").unlink()
+
+
+def track(leader: int, token: str | None = None) -> None:
+    """Record a started command's group (replacing its ``intend`` record, if given)."""
     global _registered
     if not _registered:
         atexit.register(kill_running)
@@ -49,8 +79,10 @@ def track(leader: int) -> None:
     with suppress(OSError):
         directory = records_dir()
         directory.mkdir(mode=0o700, exist_ok=True)
-        owner = f"{os.getpid()} {start_time(os.getpid())} {start_time(leader)}"
+        owner = f"{_worker_identity()} {start_time(leader)}"
         (directory / str(leader)).write_text(owner)
+    if token is not None:
+        abandon(token)  # only now: one of the two records always names the command
 
 
 def untrack(leader: int) -> None:
@@ -73,15 +105,36 @@ def reap_orphans() -> list[int]:
         return killed
     for record in directory.iterdir():
         with suppress(OSError, ValueError):
-            worker, worker_start, leader_start = record.read_text().split()
-            leader = int(record.name)
+            worker, worker_start, *started = record.read_text().split()
             if start_time(int(worker)) == worker_start:
                 continue  # its worker still runs it
-            if start_time(leader) == leader_start:
+            if record.name.startswith(_PENDING):
+                # The worker died between starting the command and recording its pid.
+                for leader in _carrying(record.name.removeprefix(_PENDING)):
+                    signal_all(leader, signal.SIGKILL)
+                    killed.append(leader)
+            elif start_time(leader := int(record.name)) == started[0]:
                 signal_all(leader, signal.SIGKILL)
                 killed.append(leader)
             record.unlink()
     return killed
+
+
+def _carrying(token: str) -> set[int]:
+    """The sessions of live processes whose environment carries ``token`` (via ``/proc``)."""
+    needle = f"{TOKEN_VARIABLE}={token}".encode()
+    sessions: set[int] = set()
+    with suppress(OSError):
+        for pid in (name for name in os.listdir("/proc") if name.isdigit()):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as file:
+                    carries = needle in file.read().split(b"\0")
+            except OSError:
+                continue
+            fields = _stat_fields(pid)
+            if carries and fields is not None and fields[0] not in (b"Z", b"X"):
+                sessions.add(int(fields[3]))
+    return sessions
 
 
 def running() -> frozenset[int]:

@@ -1,0 +1,70 @@
+"""Tool process groups a dead worker leaves behind, including one it had no time to record."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from activities.tools import process
+
+DEAD_WORKER = "999999999 0"  # no such pid: a worker that is gone
+
+
+@pytest.fixture(autouse=True)
+def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SESSIONFLOW_PROCESS_DIR", str(tmp_path))
+    return process.records_dir()
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            process.signal_all(proc.pid, 9)
+            proc.wait(timeout=5)
+
+
+def sleeper(spawn: list[subprocess.Popen[bytes]], token: str) -> subprocess.Popen[bytes]:
+    """A command (with a child of its own) started as the bash tool starts one."""
+    env = {**os.environ, process.TOKEN_VARIABLE: token}
+    script = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    spawn.append(proc)
+    return proc
+
+
+def test_a_command_whose_worker_died_before_recording_its_pid_is_still_reaped(
+    records: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
+    token = process.intend()
+    (records / f"pending-{token}").write_text(DEAD_WORKER)  # the worker died right after
+    proc = sleeper(spawn, token)
+    assert process.reap_orphans() == [proc.pid]
+    assert proc.wait(timeout=5) == -9
+    assert not list(records.iterdir())
+
+
+def test_a_live_workers_command_is_left_alone_before_and_after_its_pid_is_recorded(
+    records: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
+    token = process.intend()
+    proc = sleeper(spawn, token)
+    assert process.reap_orphans() == []
+    process.track(proc.pid, token)
+    assert [p.name for p in records.iterdir()] == [str(proc.pid)]  # the pid replaced the token
+    assert process.reap_orphans() == []
+    assert proc.poll() is None
+    process.untrack(proc.pid)
+    assert not list(records.iterdir())
+
+
+def test_an_abandoned_start_leaves_no_record(records: Path) -> None:
+    process.abandon(process.intend())
+    assert not list(records.iterdir())
