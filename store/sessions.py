@@ -119,13 +119,6 @@ class Sessions:
             rows = (await conn.execute(query.limit(limit))).all()
         return [_info(row) for row in rows]
 
-    async def message(self, session_id: str, message_id: str) -> Message | None:
-        """One projected message (None if the session has no such message)."""
-        params = {"mid": message_id, "sid": session_id}
-        async with self.db.read() as conn:
-            row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
-        return None if row is None else codec.load_model(MESSAGE_ADAPTER, row[0])
-
     async def tool_part(self, session_id: str, message_id: str, call_id: str) -> ToolPart | None:
         """The latest tool part of ``call_id`` in an assistant message (None if there is none).
 
