@@ -137,6 +137,7 @@ def build_worker(
     graceful_shutdown: timedelta = timedelta(seconds=15),
     sandboxed: bool = False,
     max_concurrent_activities: int = 1000,
+    turn_timeout_s: int = 3600,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -154,7 +155,12 @@ def build_worker(
     and routes each through its task queue instead -- another poll, dispatch and persistence
     round per activity. ``max_active_tools`` still caps each session's own tools.
     """
-    runtime = Runtime(store=store, tools=tools or default_registry(), providers=providers)
+    runtime = Runtime(
+        store=store,
+        tools=tools or default_registry(),
+        providers=providers,
+        turn_timeout_s=turn_timeout_s,
+    )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
         client,
@@ -214,6 +220,7 @@ async def main() -> None:
         tools=tools_from_env(settings),
         sandboxed=settings.workflow_sandbox,
         max_concurrent_activities=settings.max_concurrent_activities,
+        turn_timeout_s=settings.turn_timeout_s,
     )
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()

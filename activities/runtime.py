@@ -54,6 +54,7 @@ class Runtime:
     store: Store
     tools: ToolRegistry
     providers: ProviderFactory = default_providers
+    turn_timeout_s: int = 3600  # Settings.turn_timeout_s
 
 
 def to_claim(ref: ClaimRef) -> Claim:

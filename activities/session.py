@@ -10,11 +10,20 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.restart import (
+    BUDGET_MESSAGE,
+    LOST_STEP,
+    RESTART_TEXT,
+    closing_events,
+    restart_message,
+    stale,
+)
 from activities.runtime import Runtime, to_claim, to_ref, translated
 from activities.tools.changes import step_files
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
+    RESUME_BUDGET,
     AcquireInput,
     ClaimAndPrepareInput,
     ClaimAndPrepareResult,
@@ -29,16 +38,13 @@ from sessionflow.models.drain import (
     Promotion,
 )
 from sessionflow.models.messages import AssistantMessage, Message, SyntheticMessage, ToolPart
-from store.claims import Phase
+from store.claims import Phase, Recovery
 from store.db import Tx
 from store.projector import load_message
 
-RESUME_BUDGET = 10
-RESTART_TEXT = (
-    "The server restarted while you were working. "
-    "Continue from where you left off without repeating completed work."
-)
-BUDGET_MESSAGE = "Execution was interrupted repeatedly and will not be resumed automatically."
+__all__ = ["BUDGET_MESSAGE", "RESTART_TEXT", "SessionActivities"]
+
+BUDGET_ERROR = SessionError(type="aborted", message=BUDGET_MESSAGE)
 INTERRUPTED_TOOL = SessionError(type="aborted", message="Tool execution interrupted")
 INTERRUPTED_STEP = SessionError(type="aborted", message="Step interrupted")
 RESULT_MISSING = SessionError(
@@ -125,23 +131,19 @@ class SessionActivities:
             limits = {
                 "max_steps": session.settings.get("max_steps"),
                 "max_active_tools": session.settings.get("max_active_tools", 8),
+                "turn_timeout_s": self.rt.turn_timeout_s,
             }
             force = request.force
             for recovery in await self.store.claims.recoveries(sid):
                 async with self.store.claims.fenced(claim) as tx:
                     attempts = await self.store.claims.begin_recovery(tx, recovery)
+                    closing = await self._close_dead(tx, recovery)
                     if attempts > RESUME_BUDGET:
+                        await self.store.events.publish_many(closing, tx=tx)
                         await self.store.claims.fail_recovery(tx, recovery, BUDGET_MESSAGE)
-                        failure = SessionError(type="aborted", message=BUDGET_MESSAGE)
-                        return PrepareResult(run=False, failure=failure, **limits)
-                    await self.store.events.publish(
-                        ev.Synthetic(
-                            session_id=sid,
-                            text=RESTART_TEXT,
-                            description="Continuing after restart",
-                        ),
-                        tx=tx,
-                    )
+                        return PrepareResult(run=False, failure=BUDGET_ERROR, **limits)
+                    closing.append(restart_message(sid))
+                    await self.store.events.publish_many(closing, tx=tx)
             messages = await self.store.sessions.messages(sid)  # read once for both checks
             force = force or _restart_unanswered(messages)
             steer, queue = await self.store.inputs.pending_deliveries(sid)
@@ -151,22 +153,28 @@ class SessionActivities:
             promotion: Promotion = "steer" if steer else "queue" if queue else None
             return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
 
+    async def _close_dead(self, tx: Tx, recovery: Recovery) -> list[ev.Event]:
+        """The dead execution's step, if it never ended: closed as a lost turn's is."""
+        if recovery.continuation_message_id is None:
+            return []
+        message = await load_message(tx, recovery.session_id, recovery.continuation_message_id)
+        if not isinstance(message, AssistantMessage) or message.time_completed is not None:
+            return []
+        return await closing_events(self.store, message, LOST_STEP)
+
     async def _fail_stale_tools(self, claim: Any, messages: list[Message]) -> int:
         """Tools left pending or running by a dead process become ``tool.stale`` errors."""
-        stale: list[ev.Event] = []
-        for message in messages:
-            if not isinstance(message, AssistantMessage):
-                continue
-            for part in message.content:
-                if isinstance(part, ToolPart) and not part.settled:
-                    error = SessionError(
-                        type="tool.stale", message=f"Tool execution interrupted: {part.name}"
-                    )
-                    stale.append(_tool_failed(message, part, error))
-        if stale:
+        failed: list[ev.Event] = [
+            stale(message, part)
+            for message in messages
+            if isinstance(message, AssistantMessage)
+            for part in message.content
+            if isinstance(part, ToolPart) and not part.settled
+        ]
+        if failed:
             async with self.store.claims.fenced(claim) as tx:
-                await self.store.events.publish_many(stale, tx=tx)
-        return len(stale)
+                await self.store.events.publish_many(failed, tx=tx)
+        return len(failed)
 
     @activity.defn
     async def pending_inputs(self, request: PendingInput) -> PendingResult:
@@ -187,8 +195,28 @@ class SessionActivities:
             # Read in the transaction: its events then update this very message.
             message = await load_message(tx, claim.session_id, turn.assistant_message_id)
             if not isinstance(message, AssistantMessage):
+                if turn.lost is not None and not request.restart:
+                    return FinishStepResult(ended=False, failure=BUDGET_ERROR)
                 return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
+            if turn.lost is not None:
+                return await self._close_lost(tx, request, message, turn.lost)
             return await self._settle(tx, request, message)
+
+    async def _close_lost(
+        self, tx: Tx, request: FinishStepInput, message: AssistantMessage, lost: SessionError
+    ) -> FinishStepResult:
+        """End the lost step; unless the resume budget is spent, ask the model to continue."""
+        restarted = FinishStepResult(ended=False, needs_continuation=True, restarted=True)
+        spent = FinishStepResult(ended=False, failure=BUDGET_ERROR)
+        if message.time_completed is not None and message.finish is not None:
+            return restarted if request.restart else spent  # an earlier attempt closed it
+        events = await closing_events(self.store, message, lost)
+        if request.restart:
+            events.append(restart_message(message.session_id))
+        await self.store.events.publish_many(events, tx=tx)
+        phase: Phase = "continue" if request.restart else "ready"
+        await self.store.claims.record_phase(tx, to_claim(request.claim), phase, message.id)
+        return restarted if request.restart else spent
 
     async def _settle(
         self, tx: Tx, request: FinishStepInput, message: AssistantMessage

@@ -12,7 +12,11 @@ The result is a small summary: never the transcript.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from temporalio import activity
@@ -36,7 +40,10 @@ from store.prepared import Prepared
 from store.schema import session_table
 from store.sessions import SessionInfo
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 BATCH_SECONDS = 0.03
+SHUT_DOWN = SessionError(type="aborted", message="Step interrupted: its worker shut down")
 _COUNT_REQUEST = Prepared(
     lambda _dialect: (
         session_table.update()
@@ -79,7 +86,8 @@ class TurnActivities:
             with telemetry.tracer().start_as_current_span(
                 "provider.turn", attributes=attributes
             ) as span:
-                result = await stream.run(provider_request, step)
+                ran = await _unless_shutdown(stream.run(provider_request, step))
+                result = ran if ran is not None else stream.handed_back(step)
                 tokens = result.tokens
                 span.set_attribute("finish", result.finish or "none")
                 span.set_attribute("tokens.input", tokens.input if tokens else 0)
@@ -133,6 +141,30 @@ class TurnActivities:
         )
 
 
+async def _unless_shutdown(work: Coroutine[Any, Any, T]) -> T | None:
+    """``work``'s result, or None when the worker began shutting down first.
+
+    A deploy must not wait for a whole stream (nor fail it once the grace period is over):
+    ``work`` is cancelled, which flushes what it streamed, and the turn is handed back.
+    """
+    task = asyncio.ensure_future(work)
+    shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
+    try:
+        await asyncio.wait((task, shutdown), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    finally:
+        shutdown.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
 class _Stream:
     """One attempt's stream: publishing in batches, signalling local calls once durable.
 
@@ -155,6 +187,7 @@ class _Stream:
         self.ready: list[CallRef] = []
         self.kick = asyncio.Event()
         self.closing = False
+        self.signalling: asyncio.Task[None] | None = None
 
     async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
         publisher = self.publisher
@@ -180,6 +213,7 @@ class _Stream:
                 )
             await self._stop(courier)  # raises what failed it
         except asyncio.CancelledError:
+            self._cancel_signals()
             # Interrupted: what the stream published stays (partial text is kept), in order.
             await asyncio.shield(self._stop(courier, quiet=True))
             publisher.flush()
@@ -187,6 +221,7 @@ class _Stream:
             raise
         finally:
             courier.cancel()  # only still running after an unexpected error
+        self._cancel_signals()
         return await self._summarize(raw, step)
 
     async def _courier(self) -> None:
@@ -203,7 +238,7 @@ class _Stream:
             ready, self.ready = self.ready, []
             await self.flush()
             if ready and not self.closing:
-                await self._signal(ready)
+                self._send(ready)
 
     async def _stop(self, courier: asyncio.Task[None], *, quiet: bool = False) -> None:
         """Let the courier finish the flush it is in, then stop it."""
@@ -270,6 +305,39 @@ class _Stream:
             # A heartbeat per batch while a long stream runs; a short turn is left to the
             # heartbeat task (its first heartbeat is a server round trip it does not need).
             activity.heartbeat()
+
+    def handed_back(self, step: int) -> TurnResult:
+        """The turn as a shutting-down worker leaves it: flushed, its durable calls listed."""
+        return TurnResult(
+            assistant_message_id=self.request.assistant_message_id,
+            step=step,
+            started=self.publisher.step_started,
+            calls=tuple(self.calls),
+            retry_evidence=True,
+            lost=SHUT_DOWN,
+        )
+
+    def _send(self, calls: list[CallRef]) -> None:
+        """Signal in the background, one signal after another: the courier keeps flushing
+        tokens while a signal's RPC retries."""
+        self.signalling = asyncio.create_task(self._signal_after(self.signalling, calls))
+
+    async def _signal_after(
+        self, previous: asyncio.Task[None] | None, calls: list[CallRef]
+    ) -> None:
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        try:
+            await self._signal(calls)
+        except Exception as error:
+            # Not fatal: the turn's result lists every call, and the workflow starts the rest.
+            names = ", ".join(call.call_id for call in calls)
+            log.warning("tools_ready for %s failed (the turn result starts them): %s", names, error)
+
+    def _cancel_signals(self) -> None:
+        """Once the stream has ended its result reaches the workflow as soon as a signal would."""
+        if self.signalling is not None:
+            self.signalling.cancel()
 
     async def _signal(self, calls: list[CallRef]) -> None:
         info = activity.info()

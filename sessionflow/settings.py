@@ -14,6 +14,9 @@ Environment variables (all optional):
   (default ``false``; the test suite always runs them there, see ``worker.build_worker``).
 - ``SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES``: model turns and tool calls one worker runs at once
   (default 1000, see ``worker.build_worker``).
+- ``SESSIONFLOW_TURN_TIMEOUT_S``: the longest one model turn may stream, in seconds (default
+  3600). A turn heartbeats while it streams, so a dead worker is noticed within seconds
+  whatever this is; a turn that outlives it is restarted like one whose worker died.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Settings(BaseModel):
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     workflow_sandbox: bool = False
     max_concurrent_activities: int = Field(default=1000, ge=1)
+    turn_timeout_s: int = Field(default=3600, ge=10)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -50,6 +54,7 @@ class Settings(BaseModel):
             ("otel_exporter", "SESSIONFLOW_OTEL_EXPORTER"),
             ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
             ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
+            ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
         ):
             if env.get(name):
                 values[field] = env[name]

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.common import SessionError
     from sessionflow.models.drain import (
+        RESUME_BUDGET,
         AcquireInput,
         CallRef,
         ClaimAndPrepareInput,
@@ -47,21 +49,33 @@ with workflow.unsafe.imports_passed_through():
         RunningTool,
         ToolInput,
         ToolOutcome,
-        ToolReady,
         ToolsReady,
         TurnInput,
         TurnResult,
     )
 
-LINGER = timedelta(seconds=2)
-# Runs recorded before this patch claimed with CLAIM only, asked pending_inputs after each
-# user turn and lingered LINGER before ending; runs after it claim with CLAIM_AT_ONCE first,
-# take the pending inputs from finish_step's result and end as soon as nothing is owed.
-FEWER_ROUND_TRIPS = "fewer-round-trips"
-# Runs after this one claim and prepare their first drain in one local activity
-# (claim_and_prepare); before it, acquire_claim and prepare_drain ran one after the other.
-PREPARE_WITH_CLAIM = "prepare-with-claim"
 MAX_RETRIES = 4
+# Failures that say nothing about the model: the turn's worker was killed, shut down, lost its
+# database or its server connection. The turn is restarted, not failed (DESIGN "A dead turn is
+# not a failed turn"). Anything else -- a bug, a bad setting -- fails the busy period as before.
+TRANSIENT_TYPES = frozenset(
+    {
+        "WorkerShutdown",
+        "OperationalError",
+        "InterfaceError",
+        "DisconnectionError",
+        "StoreUnavailableError",
+        "StoreConflictError",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "BrokenPipeError",
+        "OSError",
+        "TimeoutError",
+        "PoolTimeout",
+        "RPCError",
+    }
+)
 T = TypeVar("T")
 
 
@@ -136,16 +150,24 @@ TOOL = Options(
 async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
     """Run an activity by name (workflows hold no activity code) with typed input and output."""
     if options.local:
-        local = await workflow.execute_local_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=options.start_to_close,
-            retry_policy=options.retry,
-            cancellation_type=options.cancellation,
-            summary=summary,
+        local = asyncio.ensure_future(
+            workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=options.start_to_close,
+                retry_policy=options.retry,
+                cancellation_type=options.cancellation,
+                summary=summary,
+            )
         )
-        return cast(T, local)
+        try:
+            return cast(T, await asyncio.shield(local))
+        except asyncio.CancelledError:
+            # An interrupt never cuts a local activity off: it would roll back what it was
+            # committing (a granted claim, a settlement) and end the busy period "failed:
+            # Cancelled". It runs to its end; the drain checks ``stopping`` after every one.
+            return cast(T, await local)
     result = await workflow.execute_activity(
         name,
         arg,
@@ -178,7 +200,9 @@ class SessionWorkflow:
         self.force_requested = input.force
         self.period = input.period
         self.turns = input.turns
-        self.busy = False
+        # A busy period carried across continue-as-new is busy from the first activation on:
+        # an interrupt or a resume handled before the run task starts must see it.
+        self.busy = input.resume is not None
         self.stopping = False
         self.settling = False
         self.interrupt_reason: str | None = None
@@ -189,6 +213,8 @@ class SessionWorkflow:
         self._phase = "idle"
         self.step = 0
         self.attempts = 0
+        self.restarts = 0  # lost turns since the last turn that completed (resume budget)
+        self.turn_timeout_s = 3600
         self.semaphore = asyncio.Semaphore(8)
         self.current_assistant: str | None = None
         self.tool_tasks: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
@@ -245,12 +271,6 @@ class SessionWorkflow:
             for call in ready.calls:
                 self._start_tool(self.claim, ready.assistant_message_id, call.call_id, call.name)
 
-    @workflow.signal
-    def tool_ready(self, ready: ToolReady) -> None:
-        """One call at a time, as earlier workers signalled (kept for their histories)."""
-        calls = (CallRef(call_id=ready.call_id, name=ready.name),)
-        self.tools_ready(ToolsReady(assistant_message_id=ready.assistant_message_id, calls=calls))
-
     @workflow.query
     def status(self) -> DrainStatus:
         return DrainStatus(
@@ -285,11 +305,6 @@ class SessionWorkflow:
         if input.resume is not None:
             await self._busy_period(input.resume)
         while True:
-            if not self._owed() and not workflow.patched(FEWER_ROUND_TRIPS):
-                # Earlier runs lingered for more work. That cost a timer and a workflow task per
-                # busy period: a wake after the end starts the next run, one before it is seen.
-                with contextlib.suppress(TimeoutError):
-                    await workflow.wait_condition(self._owed, timeout=LINGER)
             if not self._owed():
                 # Ending: let handlers finish, unless they (or a signal) ask for more work.
                 await workflow.wait_condition(lambda: self._owed() or self._handlers_done())
@@ -326,10 +341,13 @@ class SessionWorkflow:
         if resume is None:
             self.period += 1
             self.force_requested, self.pending_wake, force = False, False, self.force_requested
+            self.stopping, self.interrupt_reason, self.restarts = False, None, 0
         else:
-            self.attempts, force = resume.attempts, False
+            # An interrupt may already have landed in this run's first activation: keep it.
+            self.attempts, self.restarts, force = resume.attempts, resume.restarts, False
+            self.turn_timeout_s = resume.turn_timeout_s
         period = self.period
-        self.busy, self.stopping, self.interrupt_reason = True, False, None
+        self.busy = True
         self.prepared = None
         outcome = Outcome(type="succeeded")
         try:
@@ -342,7 +360,12 @@ class SessionWorkflow:
         except DrainFailure as failure:
             outcome = Outcome(type="failed", error=failure.error)
         except ActivityError as error:
-            outcome = Outcome(type="failed", error=_activity_error(error))
+            if self.stopping and isinstance(error.cause, CancelledError):
+                # The interrupt cancelled an activity that was waiting (a claim held by another
+                # execution): that is the interrupt, not a failure.
+                outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
+            else:
+                outcome = Outcome(type="failed", error=_activity_error(error))
         self.settling = True
         self.phase = "settling"
         if self.claim is not None:
@@ -369,22 +392,20 @@ class SessionWorkflow:
             execution_id=execution_id,
             owner_id=f"{info.workflow_id}/{execution_id}",
         )
-        if workflow.patched(FEWER_ROUND_TRIPS):
-            try:
-                if workflow.patched(PREPARE_WITH_CLAIM):
-                    both = ClaimAndPrepareInput(acquire=request, force=force)
-                    summary = "claim and prepare"
-                    result = await call(
-                        "claim_and_prepare", both, ClaimAndPrepareResult, summary, CLAIM_AT_ONCE
-                    )
-                    self.prepared = result.prep
-                    return result.claim
-                return await call("acquire_claim", request, ClaimRef, "claim", CLAIM_AT_ONCE)
-            except (ActivityError, ApplicationError) as error:
-                failed = error if isinstance(error, ApplicationError) else error.cause
-                if not isinstance(failed, ApplicationError):
-                    raise  # cancelled: the interrupt ends the busy period
-                # Acquiring is idempotent per execution id: the retrying path takes over.
+        try:
+            both = ClaimAndPrepareInput(acquire=request, force=force)
+            summary = "claim and prepare"
+            result = await call(
+                "claim_and_prepare", both, ClaimAndPrepareResult, summary, CLAIM_AT_ONCE
+            )
+            self.prepared = result.prep
+            return result.claim
+        except (ActivityError, ApplicationError) as error:
+            failed = error if isinstance(error, ApplicationError) else error.cause
+            if not isinstance(failed, ApplicationError):
+                raise
+            # Acquiring is idempotent per execution id: the retrying path takes over.
+        self._check_stopping()  # a held claim is not worth waiting for once interrupted
         return await call("acquire_claim", request, ClaimRef, "claim session", CLAIM)
 
     async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:
@@ -402,6 +423,7 @@ class SessionWorkflow:
             await self._drain(claim, force)
         else:
             self.semaphore = asyncio.Semaphore(max(1, resume.max_active_tools))
+            self.turn_timeout_s = resume.turn_timeout_s
             limits = (resume.max_steps, resume.max_active_tools)
             await self._turns(claim, limits, resume.promotion, resume.step)
         while self.pending_wake and not self.stopping:
@@ -420,6 +442,7 @@ class SessionWorkflow:
             raise DrainFailure(prep.failure)
         if not prep.run:
             return
+        self.turn_timeout_s = prep.turn_timeout_s
         self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
         await self._turns(claim, (prep.max_steps, prep.max_active_tools), prep.promotion, 1)
 
@@ -462,12 +485,14 @@ class SessionWorkflow:
             max_steps=limits[0],
             max_active_tools=limits[1],
             attempts=self.attempts,
+            restarts=self.restarts,
+            turn_timeout_s=self.turn_timeout_s,
         )
         workflow.continue_as_new(self._carry(resume))
 
     async def _pending(self, claim: ClaimRef, settled: PendingResult | None) -> PendingResult:
         """What could be promoted: as the step settled, or (recorded runs) asked again."""
-        if settled is not None and workflow.patched(FEWER_ROUND_TRIPS):
+        if settled is not None:
             return settled
         request = PendingInput(claim=claim)
         return await call("pending_inputs", request, PendingResult, "check inputs", SHORT)
@@ -491,6 +516,11 @@ class SessionWorkflow:
                 # result, so the boundary decides.
                 self._check_stopping()
                 self.turns += 1
+                if turn.lost is not None:
+                    if not (await self._restart_lost(claim, turn)).restarted:
+                        continue  # nothing of it was durable: the same step runs again
+                    return True, step, None
+                self.restarts = 0
                 infrastructure = next(
                     (o.error for o in outcomes if o.status == "infrastructure"), None
                 )
@@ -529,20 +559,36 @@ class SessionWorkflow:
             max_steps=max_steps,
             retry=retry,
         )
+        options = replace(TURN, start_to_close=timedelta(seconds=self.turn_timeout_s))
         try:
             summary = f"turn {self.turns + 1} · step {step}"
-            return await call("stream_turn", request, TurnResult, summary, TURN)
+            return await call("stream_turn", request, TurnResult, summary, options)
         except ActivityError as error:
-            if isinstance(error.cause, CancelledError):
+            if isinstance(error.cause, CancelledError) and self.stopping:
                 raise asyncio.CancelledError() from error
-            # The turn's worker died or the activity failed: output may already be durable,
-            # so this is never retried automatically (reference §4.6 "retry evidence").
-            return TurnResult(
-                assistant_message_id=assistant_id,
-                step=step,
-                raw_error=_activity_error(error),
-                retry_evidence=True,
-            )
+            result = TurnResult(assistant_message_id=assistant_id, step=step)
+            if _lost(error):
+                why = _activity_error(error).message
+                lost = SessionError(type="aborted", message=f"Step interrupted: {why}")
+                return TurnResult(**{**result.model_dump(), "lost": lost})
+            # The activity failed for a reason of its own: output may already be durable, so
+            # this is never retried automatically (reference §4.6 "retry evidence").
+            failed = {"raw_error": _activity_error(error), "retry_evidence": True}
+            return TurnResult(**{**result.model_dump(), **failed})
+
+    async def _restart_lost(self, claim: ClaimRef, turn: TurnResult) -> FinishStepResult:
+        """The turn's activity died or was handed back: close what it left, then continue.
+
+        As a recovered execution does (reference §4.8, §5.3), but at once and under the same
+        claim: open parts end with their partial text, calls that never ran fail as stale, a
+        restart message asks the model to continue, within the resume budget.
+        """
+        self.restarts += 1
+        workflow.logger.warning("Turn lost (%s), restart %d", turn.lost, self.restarts)
+        result = await self._finish_step(claim, turn, restart=self.restarts <= RESUME_BUDGET)
+        if result.failure is not None:
+            raise DrainFailure(result.failure)
+        return result
 
     async def _settle_tools(
         self, claim: ClaimRef, assistant_id: str, calls: tuple[CallRef, ...]
@@ -626,6 +672,7 @@ class SessionWorkflow:
         *,
         interrupted: bool = False,
         infrastructure: SessionError | None = None,
+        restart: bool = True,
     ) -> FinishStepResult:
         self.phase = "settling step"
         # A newer attempt number fences out the turn's activity: if it still runs somewhere
@@ -637,8 +684,17 @@ class SessionWorkflow:
             turn=turn,
             interrupted=interrupted,
             infrastructure_error=infrastructure,
+            restart=restart,
         )
         return await call("finish_step", request, FinishStepResult, "settle step", SHORT)
+
+
+def _lost(error: ActivityError) -> bool:
+    """Did the activity die for a reason that says nothing about its work?"""
+    cause = error.cause
+    if isinstance(cause, ActivityTimeoutError | CancelledError):
+        return True  # heartbeat, start-to-close; a cancel nobody asked for (worker shutdown)
+    return isinstance(cause, ApplicationError) and (cause.type or "") in TRANSIENT_TYPES
 
 
 def _activity_error(error: ActivityError) -> SessionError:

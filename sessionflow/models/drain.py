@@ -12,6 +12,8 @@ from pydantic import Field
 from sessionflow.models.common import Model, SessionError, Tokens
 
 Promotion = Literal["steer", "queue"] | None
+# Restarts of a lost turn (or recoveries of a dead execution) before the session gives up.
+RESUME_BUDGET = 10
 TASK_QUEUE = "sessionflow"
 WORKFLOW_ID_PREFIX = "session-"
 
@@ -42,6 +44,8 @@ class DrainResume(Model):
     max_steps: int | None = None
     max_active_tools: int = 8
     attempts: int = 0
+    restarts: int = 0
+    turn_timeout_s: int = 3600
 
 
 class DrainInput(Model):
@@ -79,14 +83,6 @@ class Outcome(Model):
 
 class ResumeRequest(Model):
     request_id: str | None = None
-
-
-class ToolReady(Model):
-    """One call ready to start (the ``tool_ready`` signal of earlier versions; still handled)."""
-
-    assistant_message_id: str
-    call_id: str
-    name: str
 
 
 class RunningTool(Model):
@@ -134,6 +130,9 @@ class PrepareResult(Model):
     max_active_tools: int = 8
     stale_tools: int = 0
     failure: SessionError | None = None
+    # The bound on one model turn (``SESSIONFLOW_TURN_TIMEOUT_S``): the worker's setting, handed
+    # to the workflow, which holds no settings of its own.
+    turn_timeout_s: int = 3600
 
 
 class ClaimAndPrepareResult(Model):
@@ -186,6 +185,10 @@ class TurnResult(Model):
     retryable: bool = False
     retry_after_ms: int | None = None
     retry_evidence: bool = False
+    # The turn's activity died or was handed back (a killed worker, a deploy, a timeout): what
+    # it streamed is durable up to its last flush, and the step is restarted (DESIGN "A dead
+    # turn is not a failed turn").
+    lost: SessionError | None = None
 
 
 class ToolInput(Model):
@@ -209,6 +212,8 @@ class FinishStepInput(Model):
     infrastructure_error: SessionError | None = None
     retry_at_ms: int | None = None
     retry_attempt: int | None = None
+    # For a lost turn: False once the resume budget is spent (the drain then fails).
+    restart: bool = True
 
 
 class FinishStepResult(Model):
@@ -217,6 +222,8 @@ class FinishStepResult(Model):
     needs_continuation: bool = False
     # What could be promoted as the step settled, when it ended the user turn (None: not asked).
     pending: PendingResult | None = None
+    # A lost turn was closed and a restart message recorded: the next step continues it.
+    restarted: bool = False
 
 
 class FinishExecutionInput(Model):

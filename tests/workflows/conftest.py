@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from store import Store
 from tests.workflows.harness import Harness, harness
+from tests.workflows.workers import WorkerProcess
 
 
 @pytest.fixture
@@ -18,3 +19,12 @@ async def h(
 ) -> AsyncIterator[Harness]:
     async with harness(temporal_env.client, store, tmp_path) as running:
         yield running
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    """Worker processes a test starts; any still running are killed afterwards."""
+    started: list[WorkerProcess] = []
+    yield started
+    for worker in started:
+        worker.stop()

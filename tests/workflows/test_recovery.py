@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +19,7 @@ from sessionflow.models.drain import SweepInput, SweepResult
 from store import Store
 from tests.conftest import StoreFactory, Target
 from tests.workflows.harness import Harness, call, harness
+from tests.workflows.workers import WorkerProcess
 
 
 async def sweep(h: Harness, env: WorkflowEnvironment) -> SweepResult:
@@ -108,46 +107,6 @@ async def _terminal(h: Harness, sid: str) -> bool:
 
 
 # --- worker processes ---------------------------------------------------------------------------
-
-
-class WorkerProcess:
-    def __init__(self, env: WorkflowEnvironment, target: Target, task_queue: str, **env_vars: str):
-        address = env.client.service_client.config.target_host
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.workflows.worker_proc",
-                address,
-                task_queue,
-                target.url,
-                target.schema or "-",
-            ],
-            stdout=subprocess.PIPE,
-            env={**os.environ, **env_vars},
-            cwd=Path(__file__).parents[2],
-        )
-
-    async def ready(self) -> None:
-        assert self.process.stdout is not None
-        line = await asyncio.to_thread(self.process.stdout.readline)
-        assert line.strip() == b"ready", line
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.process.pid, sig)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-
-
-@pytest.fixture
-def workers() -> AsyncIterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started  # type: ignore[misc]
-    for worker in started:
-        worker.stop()
 
 
 async def test_sigkill_during_a_tool_settles_the_call_exactly_once(

@@ -1,13 +1,17 @@
 """A worker in its own process, for crash tests: ``python -m tests.workflows.worker_proc``.
 
 Arguments: temporal address, task queue, database URL, schema ('-' for none). It prints
-``ready`` once polling, and runs until killed.
+``ready`` once polling and runs until killed; SIGTERM shuts it down gracefully, as a deploy does
+(``SESSIONFLOW_TEST_GRACE_S`` seconds of grace, default 15).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
+from datetime import timedelta
 
 from sessionflow.settings import Settings
 from store import open_store
@@ -16,14 +20,26 @@ from worker import build_worker, connect
 
 
 async def main(address: str, task_queue: str, url: str, schema: str | None) -> None:
-    store = await open_store(url, schema=schema, settings=Settings.from_env())
+    settings = Settings.from_env()
+    store = await open_store(url, schema=schema, settings=settings)
     client = await connect(address)
+    grace = timedelta(seconds=float(os.environ.get("SESSIONFLOW_TEST_GRACE_S", "15")))
     worker = build_worker(
-        client, store, task_queue=task_queue, tools=registry(Gate()), sandboxed=True
+        client,
+        store,
+        task_queue=task_queue,
+        tools=registry(Gate()),
+        sandboxed=True,
+        graceful_shutdown=grace,
+        turn_timeout_s=settings.turn_timeout_s,
     )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with worker:
         print("ready", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
+    print("stopped", flush=True)
+    await store.close()
 
 
 if __name__ == "__main__":

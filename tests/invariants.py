@@ -1,0 +1,139 @@
+"""The invariants every session's final event log keeps, whatever failed on the way.
+
+- I1: seq is gap-free from the session's first event.
+- I2: a tool's terminal event follows its call (or its input) in the same assistant message.
+- I3: at most one terminal per (assistant message, call id), none after the step's terminal.
+- I4: events written under a claim carry its execution id and epoch; epochs never go back (no
+  write of an older execution after a later one began); only admissions are unstamped.
+- I5: exactly one terminal per started step, one execution terminal per ``execution.started``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from store import Store
+from store.events import StoredEvent
+
+TOOL_TERMINALS = {"session.tool.success", "session.tool.failed"}
+STEP_TERMINALS = {"session.step.ended", "session.step.failed"}
+EXECUTION_TERMINALS = {
+    "session.execution.succeeded",
+    "session.execution.failed",
+    "session.execution.interrupted",
+}
+UNSTAMPED = {
+    "session.created",
+    "session.updated",
+    "session.prompt.admitted",
+    "session.compaction.admitted",
+}
+
+
+async def final_log(store: Store, session_id: str) -> list[StoredEvent]:
+    events: list[StoredEvent] = []
+    after = -1
+    while True:
+        page = await store.events.read_after(session_id, after, limit=1000)
+        events += page.events
+        if page.cursor == after:
+            return events
+        after = page.cursor
+
+
+def violations(events: Sequence[StoredEvent]) -> list[str]:
+    return _gaps(events) + _tools(events) + _stamps(events) + _terminals(events)
+
+
+def assert_clean(events: Sequence[StoredEvent]) -> None:
+    found = violations(events)
+    assert not found, "\n".join(found)
+
+
+def _kind(event: StoredEvent) -> str:
+    return event.data.type
+
+
+def _message(event: StoredEvent) -> str | None:
+    return getattr(event.data, "assistant_message_id", None)
+
+
+def _gaps(events: Sequence[StoredEvent]) -> list[str]:
+    seqs = [e.seq for e in events]
+    if not seqs:
+        return []
+    expected = list(range(seqs[0], seqs[0] + len(seqs)))
+    return [] if seqs == expected else [f"I1: seq has gaps or repeats: {seqs}"]
+
+
+def _tools(events: Sequence[StoredEvent]) -> list[str]:
+    found: list[str] = []
+    opened: set[tuple[str | None, str]] = set()
+    settled: Counter[tuple[str | None, str]] = Counter()
+    ended_steps: set[str | None] = set()
+    for event in events:
+        kind, message = _kind(event), _message(event)
+        if kind == "session.step.started":
+            ended_steps.discard(message)  # a retry re-opens its step
+        elif kind in STEP_TERMINALS:
+            ended_steps.add(message)
+        call_id = getattr(event.data, "call_id", None)
+        if call_id is None:
+            continue
+        key = (message, call_id)
+        if kind in ("session.tool.called", "session.tool.input.started"):
+            opened.add(key)
+        elif kind in TOOL_TERMINALS:
+            settled[key] += 1
+            if key not in opened:
+                found.append(f"I2: {kind} at seq {event.seq} for {key} before any call")
+            if settled[key] > 1:
+                found.append(f"I3: second terminal at seq {event.seq} for {key}")
+            if message in ended_steps:
+                found.append(f"I3: {kind} at seq {event.seq} after the step of {key} ended")
+        elif kind == "session.tool.progress" and settled[key]:
+            found.append(f"I3: progress at seq {event.seq} for settled {key}")
+    return found
+
+
+def _stamps(events: Sequence[StoredEvent]) -> list[str]:
+    found: list[str] = []
+    epoch = 0
+    for event in events:
+        if event.execution_id is None:
+            if _kind(event) not in UNSTAMPED:
+                found.append(f"I4: {_kind(event)} at seq {event.seq} written under no claim")
+            continue
+        if event.epoch is None or event.epoch < epoch:
+            found.append(f"I4: {_kind(event)} at seq {event.seq} of epoch {event.epoch} < {epoch}")
+        epoch = max(epoch, event.epoch or 0)
+    return found
+
+
+def _terminals(events: Sequence[StoredEvent]) -> list[str]:
+    found: list[str] = []
+    steps: Counter[str | None] = Counter()
+    started_steps: list[str | None] = []
+    executions: Counter[str] = Counter()
+    started_executions: list[str] = []
+    for event in events:
+        kind = _kind(event)
+        if kind == "session.step.started" and _message(event) not in started_steps:
+            started_steps.append(_message(event))
+        elif kind in STEP_TERMINALS:
+            steps[_message(event)] += 1
+        execution = getattr(event.data, "execution_id", None)
+        if kind == "session.execution.started":
+            started_executions.append(execution)
+        elif kind in EXECUTION_TERMINALS:
+            executions[execution] += 1
+    found += [
+        f"I5: step {m} has {steps[m]} terminal events" for m in started_steps if steps[m] != 1
+    ]
+    found += [
+        f"I5: execution {x} has {executions[x]} terminal events"
+        for x in started_executions
+        if executions[x] != 1
+    ]
+    return found

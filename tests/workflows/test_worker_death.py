@@ -1,0 +1,183 @@
+"""A worker may die at any moment: the turn it was streaming carries on on another worker.
+
+Two worker processes share a task queue. The first streams a slow scripted turn; once the store
+holds part of it, the second joins and the first is killed (SIGKILL) or stopped as a deploy
+stops it (SIGTERM, with a grace period shorter than the stream). Each time the session finishes
+under its one claim, the partial output becomes a closed part, the log keeps its invariants,
+and nobody sees a failed outcome.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
+
+from activities.restart import RESTART_TEXT
+from store import Store
+from tests.conftest import Target
+from tests.invariants import assert_clean, final_log
+from tests.workflows.harness import Harness, harness
+from tests.workflows.workers import WorkerProcess
+
+CHUNKS = [f"{i:03d}," for i in range(300)]
+SLOW_TEXT = {"text": "".join(CHUNKS), "chunks": len(CHUNKS), "delay_ms": 30}
+
+
+async def _durable(h: Harness, sid: str, kind: str, count: int) -> bool:
+    return (await h.types(sid, deltas=True)).count(kind) >= count
+
+
+async def _run_and_stop(
+    env: WorkflowEnvironment,
+    target: Target,
+    h: Harness,
+    workers: list[WorkerProcess],
+    sid: str,
+    *,
+    kind: str,
+    sig: int,
+    **env_vars: str,
+) -> None:
+    """Stream on a first worker, start a second, then send ``sig`` to the first."""
+    first = WorkerProcess(env, target, h.client.task_queue, **env_vars)
+    workers.append(first)
+    await first.ready()
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: _durable(h, sid, kind, 3), timeout=30)
+    second = WorkerProcess(env, target, h.client.task_queue)
+    workers.append(second)
+    await second.ready()
+    first.signal(sig)
+    await h.client.wait_idle(sid, timeout=90)
+
+
+async def _outcome(h: Harness, store: Store, sid: str) -> list[Any]:
+    """The session's clean log; the busy period succeeded under one claim."""
+    log = await final_log(store, sid)
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded"
+    assert "session.execution.failed" not in types
+    stamps = {(e.execution_id, e.epoch) for e in log if e.execution_id is not None}
+    assert len(stamps) == 1, stamps  # the claim was kept through the restart
+    return log
+
+
+def _texts(log: list[Any], kind: str, message_id: str) -> list[str]:
+    return [
+        getattr(e.data, "delta", None) or getattr(e.data, "text", "")
+        for e in log
+        if e.data.type == kind and e.data.assistant_message_id == message_id
+    ]
+
+
+async def _lost_step(h: Harness, sid: str) -> tuple[Any, Any]:
+    """The first (lost) assistant message and the one that continued it."""
+    messages = await h.messages(sid)
+    assistants = [m for m in messages if m.type == "assistant"]
+    assert len(assistants) == 2, [m.type for m in messages]
+    assert [m.text for m in messages if m.type == "synthetic"] == [RESTART_TEXT]
+    lost, continued = assistants
+    assert lost.finish == "error" and lost.error.type == "aborted"
+    assert continued.error is None and continued.finish == "stop"
+    return lost, continued
+
+
+async def test_sigkill_mid_stream_continues_the_turn_on_another_worker(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
+        await _run_and_stop(
+            temporal_env, target, h, workers, sid, kind="session.text.delta", sig=signal.SIGKILL
+        )
+        log = await _outcome(h, store, sid)
+        lost, continued = await _lost_step(h, sid)
+    deltas = _texts(log, "session.text.delta", lost.id)
+    assert deltas == CHUNKS[: len(deltas)]  # in order, none repeated
+    assert 3 <= len(deltas) < len(CHUNKS)
+    assert _texts(log, "session.text.ended", lost.id) == ["".join(deltas)]
+    assert [p.text for p in lost.content] == ["".join(deltas)]  # the partial text is a part
+    assert "heartbeat" in lost.error.message.lower()
+    assert [p.text for p in continued.content] == ["continued"]
+    roles = [m["role"] for m in h.requests()[-1]["messages"]]
+    assert roles == ["user", "assistant", "user"]
+
+
+async def test_sigterm_mid_stream_hands_the_turn_back_within_the_grace_period(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
+        await _run_and_stop(
+            temporal_env,
+            target,
+            h,
+            workers,
+            sid,
+            kind="session.text.delta",
+            sig=signal.SIGTERM,
+            SESSIONFLOW_TEST_GRACE_S="1",  # far shorter than the 9 s stream
+        )
+        assert await workers[0].exited() == 0
+        log = await _outcome(h, store, sid)
+        lost, _continued = await _lost_step(h, sid)
+    # Handed back by the turn itself, not cut off when the grace period ran out.
+    assert lost.error.message == "Step interrupted: its worker shut down"
+    deltas = _texts(log, "session.text.delta", lost.id)
+    assert deltas == CHUNKS[: len(deltas)]
+    assert [p.text for p in lost.content] == ["".join(deltas)]
+
+
+def _input_event(kind: str, **fields: str) -> dict[str, Any]:
+    return {"event": {"kind": kind, **fields}}
+
+
+async def test_sigkill_during_tool_input_streaming_settles_the_call_as_stale(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    pieces = ['{"te', 'xt": ', '"hel', "lo", '"}']
+    streaming: list[dict[str, Any]] = [_input_event("tool-input-start", id="c1", name="echo")]
+    for piece in pieces:
+        streaming += [_input_event("tool-input-delta", id="c1", delta=piece), {"wait_ms": 60}]
+    streaming.append({"wait_for_file": str(tmp_path / "never")})
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        sid = await h.session(streaming, [{"text": "continued"}])
+        await _run_and_stop(
+            temporal_env,
+            target,
+            h,
+            workers,
+            sid,
+            kind="session.tool.input.delta",
+            sig=signal.SIGKILL,
+        )
+        log = await _outcome(h, store, sid)
+        lost, _continued = await _lost_step(h, sid)
+    deltas = _texts(log, "session.tool.input.delta", lost.id)
+    assert deltas == pieces[: len(deltas)]
+    assert _texts(log, "session.tool.input.ended", lost.id) == ["".join(deltas)]
+    part = lost.tool("c1")
+    assert part.state.status == "error"
+    assert (part.state.error.type, part.state.error.message) == (
+        "tool.stale",
+        "Tool execution interrupted: echo",
+    )
+    roles = [m["role"] for m in h.requests()[-1]["messages"]]
+    assert roles == ["user", "assistant", "tool", "user"]  # the model reads the stale call
