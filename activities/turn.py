@@ -185,8 +185,10 @@ class _Stream:
         self.began = self.last_flush = time.monotonic()
         self.calls: list[CallRef] = []
         self.ready: list[CallRef] = []
-        self.kick = asyncio.Event()
+        self.kick = asyncio.Event()  # something waits to be flushed
+        self.urgent = asyncio.Event()  # ... and cannot wait for the batch interval
         self.closing = False
+        self.store_failed = False
         self.signalling: asyncio.Task[None] | None = None
 
     async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
@@ -202,9 +204,8 @@ class _Stream:
                     ready = [call for call in publisher.handle(event) if self._available(call)]
                     if ready:
                         self.ready += ready
-                        self.kick.set()
-                    elif time.monotonic() - self.last_flush >= BATCH_SECONDS:
-                        self.kick.set()
+                        self.urgent.set()
+                    self.kick.set()
             except p.ProviderError as error:
                 raw = error
             except StreamProtocolError as error:
@@ -212,12 +213,16 @@ class _Stream:
                     SessionError(type="provider.invalid-output", message=str(error))
                 )
             await self._stop(courier)  # raises what failed it
-        except asyncio.CancelledError:
+        except BaseException:
             self._cancel_signals()
-            # Interrupted: what the stream published stays (partial text is kept), in order.
+            # Interrupted, or the stream broke (the adapter raised, the store failed): what the
+            # stream published stays, partial text included, in order -- unless the store is
+            # what failed, and then the lost turn is closed from what it holds.
             await asyncio.shield(self._stop(courier, quiet=True))
             publisher.flush()
-            await asyncio.shield(self.flush())
+            if not self.store_failed:
+                with contextlib.suppress(Exception):  # the error raised below explains
+                    await asyncio.shield(self.flush())
             raise
         finally:
             courier.cancel()  # only still running after an unexpected error
@@ -232,18 +237,29 @@ class _Stream:
         """
         while True:
             await self.kick.wait()
+            await self._batch()
             if self.closing:
                 return  # what is left goes with the turn's last flush
             self.kick.clear()
+            self.urgent.clear()
             ready, self.ready = self.ready, []
             await self.flush()
             if ready and not self.closing:
                 self._send(ready)
 
+    async def _batch(self) -> None:
+        """Tokens wait at most one batch interval after the last flush, whatever the provider
+        does next (a pause must not hold back what came before it); a ready call not at all."""
+        remaining = BATCH_SECONDS - (time.monotonic() - self.last_flush)
+        if remaining > 0 and not self.urgent.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.urgent.wait(), remaining)
+
     async def _stop(self, courier: asyncio.Task[None], *, quiet: bool = False) -> None:
         """Let the courier finish the flush it is in, then stop it."""
         self.closing = True
         self.kick.set()
+        self.urgent.set()
         if quiet:
             await asyncio.gather(courier, return_exceptions=True)
         else:
@@ -300,7 +316,11 @@ class _Stream:
         self.last_flush = time.monotonic()
         if not events:
             return
-        await self.rt.store.append(self.claim, events, step_attempt=self.request.attempt)
+        try:
+            await self.rt.store.append(self.claim, events, step_attempt=self.request.attempt)
+        except Exception:
+            self.store_failed = True
+            raise
         if time.monotonic() - self.began >= HEARTBEAT_SECONDS:
             # A heartbeat per batch while a long stream runs; a short turn is left to the
             # heartbeat task (its first heartbeat is a server round trip it does not need).

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sessionflow import telemetry
-from sessionflow.client import SessionClient
+from sessionflow.client import Interruption, SessionClient
 from sessionflow.errors import SessionflowError
 from sessionflow.models.common import Delivery
 from sessionflow.models.drain import TASK_QUEUE
@@ -189,12 +189,17 @@ def interrupt(
 ) -> None:
     """Stop the running busy period; prints whether this request was the one accepted."""
 
-    async def work() -> bool:
+    async def work() -> Interruption:
         async with session_client() as client:
             return await client.interrupt(session, reason)
 
-    accepted = run(work)
-    emit({"accepted": accepted}, as_json, "interrupted" if accepted else "nothing to interrupt")
+    answer = run(work)
+    text = {
+        "stopped": "interrupted",
+        "idle": "nothing to interrupt",
+        "sent": "sent, not confirmed: no worker answered; it takes effect when one polls",
+    }[answer.status]
+    emit({"accepted": bool(answer), "status": answer.status}, as_json, text)
 
 
 @app.command()

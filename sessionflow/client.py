@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from temporalio.client import (
     Client,
@@ -54,6 +54,23 @@ from store.sessions import SessionInfo
 
 SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword("SessionId")
 WORKFLOW_TYPE = "SessionWorkflow"
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """What an interrupt request did. True only when it is known to have stopped the work.
+
+    - ``stopped``: this request stopped the running busy period (its terminal event is
+      ``execution.interrupted``);
+    - ``idle``: nothing was running, or another request is already stopping it;
+    - ``sent``: no worker answered in time. The interrupt is recorded in the workflow and
+      takes effect when a worker picks it up, if the session is still busy then.
+    """
+
+    status: Literal["stopped", "idle", "sent"]
+
+    def __bool__(self) -> bool:
+        return self.status == "stopped"
 
 
 @dataclass(frozen=True)
@@ -224,12 +241,12 @@ class SessionClient:
 
     async def interrupt(
         self, session_id: str, reason: str = "user", *, request_id: str | None = None
-    ) -> bool:
-        """Stop the running busy period; True when this request was the one accepted.
+    ) -> Interruption:
+        """Stop the running busy period; see ``Interruption`` for what the answer means.
 
         The answer comes from an update (its id is the request id, so a repeat is answered
         once). When no worker answers in time, the interrupt is sent as a durable signal that
-        takes effect when a worker is back, and True is returned.
+        takes effect when a worker is back, and the answer says it was only sent.
         """
         request_id = request_id or f"interrupt-{uuid.uuid4()}"
         request = InterruptRequest(reason=reason, request_id=request_id)
@@ -244,16 +261,16 @@ class SessionClient:
             )
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             await handle.signal("interrupt", request)
-            return True
+            return Interruption("sent")
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
-                return False  # no open run: nothing to interrupt
+                return Interruption("idle")  # no open run: nothing to interrupt
             raise
         except Exception as error:
             if "already completed" in str(error):
-                return False
+                return Interruption("idle")
             raise
-        return bool(result.accepted)
+        return Interruption("stopped" if result.accepted else "idle")
 
     async def status(self, session_id: str) -> SessionStatus:
         await self.store.sessions.get(session_id)

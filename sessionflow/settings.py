@@ -40,7 +40,7 @@ class Settings(BaseModel):
     otel_exporter: Literal["none", "console", "otlp"] = "none"
     workflow_sandbox: bool = False
     max_concurrent_activities: int = Field(default=1000, ge=1)
-    turn_timeout_s: int = Field(default=3600, ge=10)
+    turn_timeout_s: int = Field(default=3600, ge=1)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

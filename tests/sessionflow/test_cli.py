@@ -109,10 +109,10 @@ async def test_interrupt_during_a_slow_tool(cli: tuple[Cli, Harness]) -> None:
     await h.until(lambda: h.gate.active == 1)
     status = await run.json("status", sid)
     assert status["busy"] is True and status["drain"]["running_tools"][0]["name"] == "gate"
-    assert (await run.json("interrupt", sid)) == {"accepted": True}
+    assert (await run.json("interrupt", sid)) == {"accepted": True, "status": "stopped"}
     events = await run.watch(sid)
     assert events[-1]["type"] == "session.execution.interrupted"
-    assert (await run.json("interrupt", sid)) == {"accepted": False}
+    assert (await run.json("interrupt", sid)) == {"accepted": False, "status": "idle"}
 
 
 @pytest.mark.parametrize(

@@ -403,9 +403,9 @@ async def test_interrupting_a_tool_settles_the_step_durably(h: Harness) -> None:
     sid = await h.session([call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "x"}])
     await h.client.prompt(sid, "Go")
     await h.until(lambda: h.gate.active == 1)
-    assert await h.client.interrupt(sid) is True
+    assert (await h.client.interrupt(sid)).status == "stopped"
     await h.client.wait_idle(sid, timeout=30)
-    assert await h.client.interrupt(sid) is False
+    assert (await h.client.interrupt(sid)).status == "idle"
     assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
     tool = assistant.tool("call_1")
     assert (tool.state.error.type, tool.state.error.message) == (
@@ -445,9 +445,9 @@ async def test_interrupting_a_streaming_turn_keeps_partial_text_and_pending_inpu
 
 async def test_interrupt_while_idle_does_nothing(h: Harness) -> None:
     sid = await h.session([{"text": "x"}])
-    assert await h.client.interrupt(sid) is False
+    assert (await h.client.interrupt(sid)).status == "idle"
     await run(h, sid)
-    assert await h.client.interrupt(sid) is False
+    assert (await h.client.interrupt(sid)).status == "idle"
     assert (await h.types(sid)).count("session.execution.interrupted") == 0
 
 
@@ -646,7 +646,7 @@ async def test_an_interrupt_while_claiming_ends_the_busy_period_without_a_turn(
     other = await h.store.claims.acquire(sid, "exec_other", "owner-other", lease_ms=60_000)
     await h.client.prompt(sid, "Go")
     await h.until(_phase(h, sid, "claiming"))
-    assert await h.client.interrupt(sid) is True
+    assert (await h.client.interrupt(sid)).status == "stopped"
     await h.client.wait_idle(sid, timeout=20)
     assert h.requests() == []
     assert "session.execution.started" not in await h.types(sid)
@@ -667,7 +667,7 @@ async def test_an_interrupt_during_a_retry_backoff_settles_the_step(h: Harness) 
     )
     await h.client.prompt(sid, "Go")
     await h.until(_phase(h, sid, "retrying"))
-    assert await h.client.interrupt(sid) is True
+    assert (await h.client.interrupt(sid)).status == "stopped"
     await h.client.wait_idle(sid, timeout=20)
     types = await h.types(sid)
     tail = [t for t in types if t.startswith(("session.step", "session.retry", "session.exec"))]

@@ -756,7 +756,7 @@ async def test_69_interrupt_while_awaiting_tool_settlement_fails_tool_and_step(
         return status.drain is not None and status.drain.phase == "tools"
 
     await h.until(awaiting_tools)  # the stream has finished: only settlement is awaited
-    assert await h.client.interrupt(sid) is True
+    assert (await h.client.interrupt(sid)).status == "stopped"
     await h.client.wait_idle(sid, timeout=30)
     assistant = await only_assistant(h, sid)
     tool = assistant.tool("call_1")
@@ -894,7 +894,7 @@ async def test_98_partial_fragments_are_closed_durably_when_the_stream_is_interr
     await h.client.prompt(sid, "Go")
     await h.until(lambda: len(h.requests()) == 1)
     await asyncio.sleep(0.3)
-    assert await h.client.interrupt(sid) is True
+    assert (await h.client.interrupt(sid)).status == "stopped"
     await h.client.wait_idle(sid, timeout=30)
     assert len(h.requests()) == 1
     events = await h.events(sid)

@@ -10,12 +10,15 @@ and nobody sees a failed outcome.
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.restart import RESTART_TEXT
+from activities.providers import base as p
+from activities.restart import BUDGET_MESSAGE, RESTART_TEXT
+from sessionflow.models.drain import RESUME_BUDGET
 from store import Store
 from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
@@ -181,3 +184,57 @@ async def test_sigkill_during_tool_input_streaming_settles_the_call_as_stale(
     )
     roles = [m["role"] for m in h.requests()[-1]["messages"]]
     assert roles == ["user", "assistant", "tool", "user"]  # the model reads the stale call
+
+
+class _DropsItsConnection:
+    """A provider whose every stream dies mid-answer the way a process does: not with a
+    provider error, which the retry rules would handle, but with its connection gone."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def __call__(self, _model: Any) -> _DropsItsConnection:
+        return self
+
+    async def stream(self, _request: Any) -> AsyncIterator[Any]:
+        self.requests += 1
+        yield p.TextStart(id="t")
+        yield p.TextDelta(id="t", delta=f"attempt {self.requests}")
+        yield p.TextDelta(id="t", delta="!")
+        raise ConnectionResetError("connection reset by peer")
+
+
+async def test_a_turn_that_always_dies_ends_at_the_resume_budget(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    provider = _DropsItsConnection()
+    async with harness(temporal_env.client, store, tmp_path, providers=provider) as h:
+        sid = await h.session([{"text": "never played"}])
+        await h.client.prompt(sid, "Go")
+        await h.client.wait_idle(sid, timeout=90)
+        log = await final_log(store, sid)
+        messages = await h.messages(sid)
+    assert_clean(log)
+    assert provider.requests == RESUME_BUDGET + 1
+    failed = [e for e in log if e.data.type == "session.execution.failed"]
+    assert [e.data.error.message for e in failed] == [BUDGET_MESSAGE]
+    assistants = [m for m in messages if m.type == "assistant"]
+    assert len(assistants) == RESUME_BUDGET + 1
+    assert all(a.finish == "error" and a.content[0].text.startswith("attempt") for a in assistants)
+    restarts = [m for m in messages if m.type == "synthetic"]
+    assert len(restarts) == RESUME_BUDGET
+
+
+async def test_a_turn_longer_than_its_bound_is_restarted_not_failed(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    long_text = {"text": "".join(CHUNKS[:100]), "chunks": 100, "delay_ms": 40}  # about 4 s
+    async with harness(temporal_env.client, store, tmp_path, turn_timeout_s=1) as h:
+        sid = await h.session([long_text], [{"text": "continued"}])
+        await h.client.prompt(sid, "Go")
+        await h.client.wait_idle(sid, timeout=60)
+        await _outcome(h, store, sid)
+        lost, continued = await _lost_step(h, sid)
+    assert "timeout" in lost.error.message.lower()
+    assert lost.content and lost.content[0].text == "".join(CHUNKS)[: len(lost.content[0].text)]
+    assert [p.text for p in continued.content] == ["continued"]

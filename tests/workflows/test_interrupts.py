@@ -1,0 +1,129 @@
+"""Interrupts mean interrupts: in a continued run's first activation, while the claim is being
+acquired, and when no worker is there to answer."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.testing import WorkflowEnvironment
+
+from activities.runtime import Runtime
+from activities.session import SessionActivities
+from sessionflow.client import SESSION_ID_ATTRIBUTE
+from sessionflow.models.drain import (
+    AcquireInput,
+    DrainInput,
+    DrainResume,
+    InterruptRequest,
+    Outcome,
+    ResumeRequest,
+    workflow_id,
+)
+from store import Store
+from tests.invariants import assert_clean, final_log
+from tests.workflows.harness import Harness, harness
+from tests.workflows.tools import Gate, registry
+
+
+async def _carried(h: Harness, store: Store, sid: str) -> DrainInput:
+    """The input of a run that continued a busy period as new: its claim is already held."""
+    execution_id = f"exec_{uuid.uuid4().hex}"
+    acquire = AcquireInput(
+        session_id=sid,
+        execution_id=execution_id,
+        owner_id=f"{workflow_id(sid)}/{execution_id}",
+    )
+    claim = await SessionActivities(Runtime(store, registry(Gate()))).acquire_claim(acquire)
+    resume = DrainResume(claim=claim, step=1)
+    return DrainInput(session_id=sid, period=1, resume=resume)
+
+
+def _start_options(h: Harness, sid: str) -> dict[str, object]:
+    attributes = TypedSearchAttributes([SearchAttributePair(SESSION_ID_ATTRIBUTE, sid)])
+    return {
+        "id": workflow_id(sid),
+        "task_queue": h.client.task_queue,
+        "search_attributes": attributes,
+    }
+
+
+async def test_an_interrupt_in_a_continued_runs_first_activation_stops_it(
+    h: Harness, store: Store
+) -> None:
+    sid = await h.session([{"text": "must not be asked for"}])
+    carried = await _carried(h, store, sid)
+    handle = await h.client.temporal.start_workflow(
+        "SessionWorkflow",
+        carried,
+        start_signal="interrupt",
+        start_signal_args=[InterruptRequest(reason="user")],
+        **_start_options(h, sid),  # type: ignore[arg-type]
+    )
+    await handle.result()
+    log = await final_log(store, sid)
+    assert_clean(log)
+    assert [e.data.type for e in log][-1] == "session.execution.interrupted"
+    assert h.requests() == []  # the model was never asked
+
+
+async def test_a_resume_in_a_continued_runs_first_activation_joins_its_busy_period(
+    h: Harness, store: Store
+) -> None:
+    sid = await h.session([{"text": "answered once"}])
+    carried = await _carried(h, store, sid)
+    operation: WithStartWorkflowOperation[object, object] = WithStartWorkflowOperation(
+        "SessionWorkflow",
+        carried,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        **_start_options(h, sid),  # type: ignore[arg-type]
+    )
+    outcome = await h.client.temporal.execute_update_with_start_workflow(
+        "resume", ResumeRequest(), start_workflow_operation=operation, result_type=Outcome
+    )
+    assert outcome.type == "succeeded"
+    await h.client.wait_idle(sid, timeout=30)
+    log = await final_log(store, sid)
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1  # no extra busy period was forced
+    assert len(h.requests()) == 1
+
+
+async def test_an_interrupt_while_waiting_for_the_claim_is_an_interrupt(
+    h: Harness, store: Store
+) -> None:
+    sid = await h.session([{"text": "must not be asked for"}])
+    # Another execution holds a live claim: the drain waits for its lease to expire.
+    await store.claims.acquire(sid, "exec_other", "owner-other")
+    await h.client.prompt(sid, "Go")
+
+    async def claiming() -> bool:
+        status = await h.client.status(sid)
+        return status.drain is not None and status.drain.phase == "claiming"
+
+    await h.until(claiming)
+    # A resume joins the waiting busy period once the workflow accepted it.
+    joined = await h.client._handle(sid).start_update(
+        "resume",
+        ResumeRequest(),
+        wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+        result_type=Outcome,
+    )
+    assert (await h.client.interrupt(sid)).status == "stopped"
+    outcome = await asyncio.wait_for(joined.result(), 30)
+    assert (outcome.type, outcome.reason) == ("interrupted", "user")
+    assert h.requests() == []
+
+
+async def test_an_interrupt_nobody_answers_says_it_was_only_sent(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        sid = await h.session([{"text": "x"}])
+        await h.client.prompt(sid, "Go")  # the run exists; no worker polls its queue
+        answer = await h.client.interrupt(sid)
+    assert answer.status == "sent" and not answer
