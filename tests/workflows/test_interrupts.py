@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
+import psycopg
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
@@ -24,6 +27,7 @@ from sessionflow.models.drain import (
     workflow_id,
 )
 from store import Store
+from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import Harness, harness
 from tests.workflows.tools import Gate, registry
@@ -127,3 +131,50 @@ async def test_an_interrupt_nobody_answers_says_it_was_only_sent(
         await h.client.prompt(sid, "Go")  # the run exists; no worker polls its queue
         answer = await h.client.interrupt(sid)
     assert answer.status == "sent" and not answer
+
+
+async def test_an_interrupt_during_a_local_activity_waits_for_it_and_interrupts(
+    temporal_env: WorkflowEnvironment, postgres_target: Target, tmp_path: Path
+) -> None:
+    """``claim_and_prepare`` is held inside its transaction (another client locks the session
+    row) until the interrupt has been accepted: cut off there, it used to roll back the claim
+    and end the busy period failed "Cancelled"."""
+    store = await postgres_target.open()
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            sid = await h.session([{"text": "must not be asked for"}])
+            await h.client.prompt(sid, "Go", wake=False)
+            async with await psycopg.AsyncConnection.connect(_libpq(postgres_target)) as locker:
+                await locker.execute(
+                    f'SELECT 1 FROM "{postgres_target.schema}".session WHERE id = %s FOR UPDATE',
+                    (sid,),
+                )
+                await h.client.wake(sid)
+                handle = h.client._handle(sid)
+                await handle.signal("interrupt", InterruptRequest(reason="user"))
+                # The local activity outlasts its workflow task, which hands over (a workflow
+                # task heartbeat) with the interrupt delivered: only then is the lock let go.
+                await h.until(lambda: _handled_after_signal(handle), timeout=60)
+                await locker.rollback()
+            await h.client.wait_idle(sid, timeout=60)
+            log = await final_log(store, sid)
+    finally:
+        await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types[-2:] == ["session.execution.started", "session.execution.interrupted"]
+    assert h.requests() == []
+
+
+async def _handled_after_signal(handle: Any) -> bool:
+    """A workflow task completed after the interrupt signal: the workflow has seen it."""
+    events = (await handle.fetch_history()).events
+    kinds = [EventType.Name(e.event_type) for e in events]
+    if "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED" not in kinds:
+        return False
+    signalled = max(i for i, k in enumerate(kinds) if k == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED")
+    return "EVENT_TYPE_WORKFLOW_TASK_COMPLETED" in kinds[signalled:]
+
+
+def _libpq(target: Target) -> str:
+    return target.url.replace("postgresql+psycopg://", "postgresql://", 1)
