@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from activities.tools.base import ToolFailure
-from activities.tools.paths import PathDenied
+from activities.tools.paths import READ_FLAGS, Opener, PathDenied, Workspace
 from tests.activities.tools.conftest import Sandbox, text
 
 PATH_TOOLS = ("read", "write", "edit", "list", "glob", "grep")
@@ -160,63 +159,111 @@ async def test_a_write_through_a_hard_link_changes_nothing(hostile: Sandbox) -> 
     hostile.assert_untouched()  # contents compared too
 
 
-def _swapper(stop: threading.Event, swap: Iterator[None]) -> threading.Thread:
-    def run() -> None:
-        while not stop.is_set():
-            next(swap)
+def _swapping(swap: Callable[[], None], *, after: bool = False) -> Opener:
+    """The last component's open, with ``swap`` run just before it (after every check of the
+    walk) or just after it (before the descriptor's own checks): each interleaving forced."""
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+    def opener(fd: int, name: str) -> int:
+        if not after:
+            swap()
+        opened = os.open(name, READ_FLAGS, dir_fd=fd)
+        if after:
+            swap()
+        return opened
+
+    return opener
 
 
-def _file_swaps(sandbox: Sandbox) -> Iterator[None]:
-    """``victim`` flips between a regular file inside and a link to the secret outside."""
+def _read(opened: Any) -> str:
+    try:
+        return os.read(opened.fd, 4096).decode()
+    finally:
+        os.close(opened.fd)
+
+
+def _link_victim_out(sandbox: Sandbox) -> Callable[[], None]:
     ws = sandbox.workspace
-    while True:
-        (ws / "tmp_file").write_text("inside\n")
-        os.replace(ws / "tmp_file", ws / "victim")
-        yield
-        if not (ws / "tmp_link").is_symlink():
-            (ws / "tmp_link").symlink_to(sandbox.outside / "secret.txt")
+    (ws / "victim").write_text("inside\n")
+
+    def swap() -> None:
+        (ws / "tmp_link").symlink_to(sandbox.outside / "secret.txt")
         os.replace(ws / "tmp_link", ws / "victim")
-        yield
+
+    return swap
 
 
-def _dir_swaps(sandbox: Sandbox) -> Iterator[None]:
-    """``d`` flips between a link to a directory inside and a link to one outside."""
+def test_a_file_swapped_for_a_link_out_before_its_open_is_refused(sandbox: Sandbox) -> None:
+    swap = _link_victim_out(sandbox)
+    sandbox.arm()
+    with Workspace(sandbox.workspace, sandbox.settings) as ws, pytest.raises(PathDenied):
+        ws.open("victim", _swapping(swap))
+    sandbox.assert_untouched()
+
+
+def test_a_file_swapped_for_a_link_out_after_its_open_stays_the_inside_file(
+    sandbox: Sandbox,
+) -> None:
+    swap = _link_victim_out(sandbox)
+    sandbox.arm()
+    with Workspace(sandbox.workspace, sandbox.settings) as ws:
+        body = _read(ws.open("victim", _swapping(swap, after=True)))
+    assert body == "inside\n"  # the descriptor is the inside file, whatever the name became
+    sandbox.assert_untouched()
+
+
+def _dir_fixture(sandbox: Sandbox) -> None:
     ws = sandbox.workspace
     (ws / "real").mkdir()
     (ws / "real" / "f.txt").write_text("inside\n")
-    for target in [ws / "real", sandbox.outside / "dir"] * 1_000_000:
-        (ws / "d_new").symlink_to(target)
-        os.replace(ws / "d_new", ws / "d")
-        yield
+    (ws / "d").symlink_to(ws / "real")
+    (sandbox.outside / "dir" / "f.txt").write_text(sandbox.secret)
 
 
-@pytest.mark.parametrize(("swaps", "path"), [(_file_swaps, "victim"), (_dir_swaps, "d/f.txt")])
-async def test_links_swapped_between_check_and_use_never_lead_out(
-    sandbox: Sandbox, swaps: Any, path: str
+def test_a_directory_link_repointed_out_during_the_walk_cannot_redirect_it(
+    sandbox: Sandbox,
 ) -> None:
-    swap = swaps(sandbox)
-    next(swap)
+    """The walk read ``d``'s target and went on from there: repointing ``d`` is too late."""
+    _dir_fixture(sandbox)
+    ws = sandbox.workspace
+
+    def swap() -> None:
+        (ws / "d_new").symlink_to(sandbox.outside / "dir")
+        os.replace(ws / "d_new", ws / "d")
+
     sandbox.arm()
-    stop = threading.Event()
-    thread = _swapper(stop, swap)
-    outcomes = {"read": 0, "denied": 0, "wrote": 0}
-    try:
-        for _ in range(150):
-            try:
-                assert sandbox.secret not in text(await sandbox.call("read", path=path))
-                outcomes["read"] += 1
-                await sandbox.call("write", path=path, content="inside\n")
-                outcomes["wrote"] += 1
-            except ToolFailure:
-                outcomes["denied"] += 1
-    finally:
-        stop.set()
-        thread.join()
-    assert outcomes["denied"] > 0 and outcomes["read"] > 0
+    with Workspace(ws, sandbox.settings) as workspace:
+        assert _read(workspace.open("d/f.txt", _swapping(swap))) == "inside\n"
+    sandbox.assert_untouched()
+
+
+def test_a_walked_directory_replaced_by_a_link_out_cannot_redirect_the_open(
+    sandbox: Sandbox,
+) -> None:
+    """The walk holds the directory's descriptor: a link put in its place is never followed."""
+    _dir_fixture(sandbox)
+    ws = sandbox.workspace
+
+    def swap() -> None:
+        os.rename(ws / "real", ws / "moved")
+        (ws / "real").symlink_to(sandbox.outside / "dir")
+
+    sandbox.arm()
+    with Workspace(ws, sandbox.settings) as workspace:
+        assert _read(workspace.open("real/f.txt", _swapping(swap))) == "inside\n"
+    sandbox.assert_untouched()
+
+
+async def test_a_directory_link_pointing_out_before_the_call_is_refused(
+    sandbox: Sandbox,
+) -> None:
+    _dir_fixture(sandbox)
+    ws = sandbox.workspace
+    (ws / "d_new").symlink_to(sandbox.outside / "dir")
+    os.replace(ws / "d_new", ws / "d")
+    sandbox.arm()
+    for tool in ("read", "write"):
+        with pytest.raises(ToolFailure):
+            await sandbox.call(tool, **arguments(tool, "d/f.txt", sandbox.secret))
     sandbox.assert_untouched()
 
 
