@@ -153,14 +153,22 @@ class SessionActivities:
             promotion: Promotion = "steer" if steer else "queue" if queue else None
             return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
 
-    async def _close_dead(self, tx: Tx, recovery: Recovery) -> list[ev.Event]:
-        """The dead execution's step, if it never ended: closed as a lost turn's is."""
-        if recovery.continuation_message_id is None:
-            return []
-        message = await load_message(tx, recovery.session_id, recovery.continuation_message_id)
-        if not isinstance(message, AssistantMessage) or message.time_completed is not None:
-            return []
-        return await closing_events(self.store, message, LOST_STEP)
+    async def _close_dead(
+        self, tx: Tx, recovery: Recovery
+    ) -> list[ev.Event | tuple[ev.Event, str]]:
+        """The dead execution's step, if it never ended, closed as a lost turn's is; then the
+        dead execution's one terminal event (it died before writing it: a terminal releases
+        the claim, and only an unreleased claim is taken over)."""
+        events: list[ev.Event | tuple[ev.Event, str]] = []
+        message_id = recovery.continuation_message_id
+        message = await load_message(tx, recovery.session_id, message_id) if message_id else None
+        if isinstance(message, AssistantMessage) and message.time_completed is None:
+            events += await closing_events(self.store, message, LOST_STEP)
+        terminal = ev.ExecutionInterrupted(
+            session_id=recovery.session_id, execution_id=recovery.execution_id, reason="superseded"
+        )
+        events.append((terminal, f"evt_{recovery.execution_id}_interrupted"))
+        return events
 
     async def _fail_stale_tools(self, claim: Any, messages: list[Message]) -> int:
         """Tools left pending or running by a dead process become ``tool.stale`` errors."""

@@ -15,9 +15,11 @@ from tests.workflows.workers import WorkerProcess
 
 @pytest.fixture
 async def h(
-    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+    request: pytest.FixtureRequest, temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> AsyncIterator[Harness]:
-    async with harness(temporal_env.client, store, tmp_path) as running:
+    marker = request.node.get_closest_marker("breaks_invariants")
+    breaks = marker.args if marker else ()
+    async with harness(temporal_env.client, store, tmp_path, breaks=breaks) as running:
         yield running
 
 

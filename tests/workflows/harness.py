@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from temporalio.worker import Worker
 
 from sessionflow.client import ClientEvent, SessionClient
 from store import Store
+from tests.invariants import check_store
 from tests.workflows.tools import Gate, registry
 from worker import build_worker
 
@@ -98,15 +99,26 @@ class Harness:
 
 @asynccontextmanager
 async def harness(
-    temporal: Client, store: Store, root: Path, *, start_worker: bool = True, **worker_options: Any
+    temporal: Client,
+    store: Store,
+    root: Path,
+    *,
+    start_worker: bool = True,
+    breaks: Collection[str] = (),
+    **worker_options: Any,
 ) -> AsyncIterator[Harness]:
-    """A harness on a fresh task queue, with an in-process worker unless ``start_worker=False``."""
+    """A harness on a fresh task queue, with an in-process worker unless ``start_worker=False``.
+
+    On the way out every session in the store is checked against the log invariants
+    (``tests/invariants.py``), except those the test says it ``breaks`` on purpose.
+    """
     task_queue = f"tq-{uuid.uuid4()}"
     client = SessionClient(temporal, store, task_queue=task_queue)
     running = Harness(client, store, root)
     running.worker_options = worker_options
-    if not start_worker:
+    if start_worker:
+        async with running.worker():
+            yield running
+    else:
         yield running
-        return
-    async with running.worker():
-        yield running
+    await check_store(store, allowed=breaks)

@@ -40,14 +40,6 @@ REPRESENTATIVE = (
 )
 
 
-@pytest.fixture
-async def h(
-    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
-) -> AsyncIterator[Harness]:
-    async with harness(temporal_env.client, store, tmp_path) as running:
-        yield running
-
-
 async def run_representative(h: Harness) -> WorkflowHistory:
     sid = await h.session(*REPRESENTATIVE)
     await h.client.prompt(sid, "Go")

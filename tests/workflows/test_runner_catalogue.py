@@ -404,6 +404,9 @@ async def test_48_a_steer_accepted_while_the_turn_fails_runs_in_a_successor_peri
 
 
 @pytest.mark.parametrize("left", ["pending input (51)", "local (49)", "hosted (50)"])
+# The prior process is hand-made, written under no claim, and its step never ends: the reference
+# fails its tools as stale and leaves the step as it was.
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_51_tools_left_by_a_prior_process_fail_as_stale_before_continuing(
     h: Harness, left: str
 ) -> None:

@@ -1,0 +1,114 @@
+"""The invariant checker catches each broken invariant (negative controls on hand-made logs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from sessionflow.models import events as ev
+from sessionflow.models.common import ModelRef
+from store.events import StoredEvent
+from tests.invariants import violations
+
+SID = "ses_checker"
+MSG = "msg_a"
+MODEL = ModelRef(provider_id="scripted", id="m.json")
+Log = list[StoredEvent]
+
+
+def _log(*events: ev.Event, stamp: tuple[str, int] | None = ("exec_1", 1)) -> Log:
+    stored = []
+    for seq, event in enumerate(events):
+        unstamped = event.type in ("session.created", "session.prompt.admitted")
+        execution, epoch = (None, None) if unstamped or stamp is None else stamp
+        stored.append(StoredEvent(f"evt_{seq}", SID, seq, seq, event.type, event, execution, epoch))
+    return stored
+
+
+def _clean() -> Log:
+    ids = {"session_id": SID, "assistant_message_id": MSG}
+    return _log(
+        ev.SessionCreated(session_id=SID, directory="/w"),
+        ev.ExecutionStarted(session_id=SID, execution_id="exec_1"),
+        ev.StepStarted(**ids, agent="build", model=MODEL),
+        ev.ToolCalled(**ids, call_id="c1", name="echo", input={}),
+        ev.ToolSucceeded(**ids, call_id="c1"),
+        ev.StepEnded(**ids, finish="tool-calls"),
+        ev.ExecutionSucceeded(session_id=SID, execution_id="exec_1"),
+    )
+
+
+def test_a_clean_log_passes() -> None:
+    assert violations(_clean()) == []
+
+
+def _gap(log: Log) -> Log:
+    return [*log[:2], *(_with(e, seq=e.seq + 1) for e in log[2:])]
+
+
+def _result_before_call(log: Log) -> Log:
+    log[3], log[4] = log[4], log[3]
+    return _renumbered(log)
+
+
+def _second_result(log: Log) -> Log:
+    return _renumbered([*log[:5], log[4], *log[5:]])
+
+
+def _result_after_the_step(log: Log) -> Log:
+    return _renumbered([*log[:4], log[5], log[4], log[6]])
+
+
+def _unstamped_write(log: Log) -> Log:
+    log[4] = _with(log[4], execution_id=None, epoch=None)
+    return log
+
+
+def _older_epoch_after_a_newer(log: Log) -> Log:
+    log[3] = _with(log[3], execution_id="exec_2", epoch=2)
+    return log
+
+
+def _step_without_terminal(log: Log) -> Log:
+    return _renumbered([*log[:5], log[6]])
+
+
+def _two_execution_terminals(log: Log) -> Log:
+    return _renumbered([*log, log[6]])
+
+
+def _with(event: StoredEvent, **fields: object) -> StoredEvent:
+    values = {**event.__dict__, **fields}
+    return StoredEvent(**values)  # type: ignore[arg-type]
+
+
+def _renumbered(log: Log) -> Log:
+    return [_with(e, seq=i) for i, e in enumerate(log)]
+
+
+@pytest.mark.parametrize(
+    ("invariant", "breaks"),
+    [
+        ("I1", _gap),
+        ("I2", _result_before_call),
+        ("I3", _second_result),
+        ("I3", _result_after_the_step),
+        ("I4", _unstamped_write),
+        ("I4", _older_epoch_after_a_newer),
+        ("I5", _step_without_terminal),
+        ("I5", _two_execution_terminals),
+    ],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+def test_each_broken_invariant_is_reported(invariant: str, breaks: Callable[[Log], Log]) -> None:
+    found = violations(breaks(_clean()))
+    assert found and {problem.split(":")[0] for problem in found} == {invariant}, found
+
+
+def test_a_log_still_claimed_may_lack_terminals_but_never_have_extra_ones() -> None:
+    unfinished = _clean()[:4]
+    assert violations(unfinished, final=False) == []
+    assert violations(unfinished, final=True) != []
+    doubled = _two_execution_terminals(_clean())
+    assert violations(doubled, final=False) != []
