@@ -3,7 +3,8 @@
     SessionflowError
     ├── InvalidInputError (also ValueError)   bad input at an edge; nothing was written
     │   ├── InvalidIdError                    an id that does not match ^[A-Za-z0-9_-]{1,128}$
-    │   └── PayloadTooLargeError             an event or prompt above the configured cap
+    │   ├── PayloadTooLargeError             an event or prompt above the configured cap
+    │   └── UnencodableTextError             text for a model holding a lone surrogate
     ├── NotFoundError
     │   └── SessionNotFoundError
     ├── ConflictError
@@ -53,6 +54,19 @@ class PayloadTooLargeError(InvalidInputError):
         self.what = what
         self.size = size
         self.limit = limit
+
+
+class UnencodableTextError(InvalidInputError):
+    def __init__(self, what: str, index: int, code_point: int) -> None:
+        super().__init__(
+            f"{what} holds a lone surrogate U+{code_point:04X} at character {index}, which is "
+            f"not valid Unicode: no model request can carry it, so nothing was stored. Send "
+            f"valid UTF-8 text (an emoji is one code point, not a surrogate pair; re-decode "
+            f"bytes read with errors='surrogateescape' using errors='replace')."
+        )
+        self.what = what
+        self.index = index
+        self.code_point = code_point
 
 
 class NotFoundError(SessionflowError, LookupError):

@@ -101,5 +101,11 @@ def load_model(adapter: TypeAdapter[T], text: str) -> T:
     return adapter.validate_python(loads(text))
 
 
+def first_surrogate(text: str) -> int | None:
+    """Where ``text`` holds its first lone surrogate, or None when it is Unicode text."""
+    found = _SURROGATE.search(text)
+    return None if found is None else found.start()
+
+
 def column_text(value: str) -> str:
     return _SURROGATE.sub("\ufffd", value.replace("\x00", "\ufffd"))

@@ -13,7 +13,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sessionflow.errors import InputConflictError, LifecycleConflictError, SessionNotFoundError
+from sessionflow.errors import (
+    InputConflictError,
+    LifecycleConflictError,
+    SessionNotFoundError,
+    UnencodableTextError,
+)
 from sessionflow.ids import message_id, validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import Delivery, Prompt
@@ -66,6 +71,7 @@ class Inputs:
         prompt = Prompt(text=prompt) if isinstance(prompt, str) else prompt
         if delivery not in ("steer", "queue"):
             raise ValueError(f"Unknown delivery {delivery!r}: use 'steer' or 'queue'")
+        _require_model_text(prompt)
         fresh = input_id is None
         input_id = validate_id(input_id, "input") if input_id is not None else message_id()
         # A caller's id may have been admitted before (a retry); a fresh one cannot have been.
@@ -207,6 +213,22 @@ _DELIVERIES = Prepared(
         .distinct()
     )
 )
+
+
+def _require_model_text(prompt: Prompt) -> None:
+    """Refuse a prompt whose text for the model holds a lone surrogate.
+
+    The store would keep it exactly, but no provider request can carry it: refused here, the
+    caller learns at once what was wrong, instead of the model reading U+FFFD in its place.
+    """
+    fields = [("The prompt text", prompt.text)]
+    for n, file in enumerate(prompt.files, 1):
+        named = (("name", file.name), ("description", file.description), ("mime", file.mime))
+        fields += [(f"Attachment {n}'s {key}", value) for key, value in named if value]
+    for what, text in fields:
+        index = codec.first_surrogate(text)
+        if index is not None:
+            raise UnencodableTextError(what, index, ord(text[index]))
 
 
 async def _require_session(conn: Connection, session_id: str) -> None:

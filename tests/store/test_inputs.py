@@ -12,6 +12,7 @@ from sessionflow.errors import (
     InvalidIdError,
     LifecycleConflictError,
     SessionNotFoundError,
+    UnencodableTextError,
 )
 from sessionflow.ids import message_id
 from sessionflow.models import events as ev
@@ -142,6 +143,34 @@ async def test_admission_to_an_unknown_session_writes_nothing(store: Store) -> N
     assert await written(store) == (0, 0)
     assert await store.events.latest_sequence("ses_missing") == -1
     assert await store.inputs.get("msg_lost") is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "what", "index"),
+    [
+        (Prompt(text="half \ud83d an emoji"), "The prompt text", 5),
+        (Prompt(text="split pair \ud83d\ude00"), "The prompt text", 11),
+        (
+            Prompt(
+                text="fine",
+                files=(FileAttachment(mime="text/plain", data="", name="bad\udcffname"),),
+            ),
+            "Attachment 1's name",
+            3,
+        ),
+    ],
+)
+async def test_a_prompt_holding_a_lone_surrogate_is_refused_and_nothing_is_written(
+    store: Store, prompt: Prompt, what: str, index: int
+) -> None:
+    sid = await new_session(store)
+    before = await written(store)
+    with pytest.raises(UnencodableTextError, match=r"lone surrogate U\+D") as refused:
+        await store.inputs.admit(sid, prompt, input_id="msg_bad")
+    assert (refused.value.what, refused.value.index) == (what, index)
+    assert str(refused.value).startswith(f"{what} holds a lone surrogate")
+    assert await written(store) == before
+    assert await store.inputs.get("msg_bad") is None
 
 
 async def test_compaction_for_an_unknown_session_writes_nothing(store: Store) -> None:
