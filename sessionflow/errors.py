@@ -14,6 +14,7 @@
     │   ├── InvalidDurableEventError         a defect in the event store contract (reference §2.3)
     │   ├── SequenceConflictError            two writers raced for one (aggregate, seq)
     │   └── StoreUnavailableError            the database cannot be reached or is read-only
+    │       └── AdmissionUnavailableError    an admission failed its retries; it may have committed
     └── ClaimError
         ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
         └── ClaimLostError                   the claim expired, was taken over or released: stop
@@ -125,6 +126,18 @@ class SequenceConflictError(StoreError):
 
 class StoreUnavailableError(StoreError):
     """The database is unreachable or refuses writes; nothing partial was committed."""
+
+
+class AdmissionUnavailableError(StoreUnavailableError):
+    def __init__(self, session_id: str, input_id: str, attempts: int, cause: str) -> None:
+        super().__init__(
+            f"Could not admit input {input_id} to session {session_id}: the database failed "
+            f"{attempts} times (last: {cause}). It may have been admitted all the same: retry "
+            f"with input_id={input_id!r}, which admits it at most once."
+        )
+        self.session_id = session_id
+        self.input_id = input_id
+        self.attempts = attempts
 
 
 class ClaimError(SessionflowError):

@@ -7,6 +7,7 @@ Promotion runs inside the drain's fenced transaction.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from sessionflow.errors import (
+    AdmissionUnavailableError,
     InputConflictError,
     LifecycleConflictError,
     SessionNotFoundError,
@@ -30,6 +32,8 @@ from store.projector import pending_compaction
 from store.schema import input_table, session_table
 
 _i = input_table.c
+ADMIT_ATTEMPTS = 4
+_ADMIT_BACKOFF_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,12 @@ class Inputs:
         input_id: str | None = None,
         delivery: Delivery = "steer",
     ) -> InputReceipt:
-        """Record a prompt durably; idempotent by ``input_id`` (the future user message id)."""
+        """Record a prompt durably; idempotent by ``input_id`` (the future user message id).
+
+        A database failure that may have committed or not (a busy database, a serialization
+        failure, a connection lost mid-commit) is retried under the same id, minted once before
+        the first attempt: a commit whose acknowledgement was lost is found, not admitted twice.
+        """
         validate_id(session_id)
         prompt = Prompt(text=prompt) if isinstance(prompt, str) else prompt
         if delivery not in ("steer", "queue"):
@@ -74,8 +83,25 @@ class Inputs:
         _require_model_text(prompt)
         fresh = input_id is None
         input_id = validate_id(input_id, "input") if input_id is not None else message_id()
-        # A caller's id may have been admitted before (a retry); a fresh one cannot have been.
-        existing = None if fresh else await self.get(input_id)
+        attempt = 1
+        while True:
+            try:
+                # Only a fresh id on its first attempt cannot have been admitted before.
+                look = not fresh or attempt > 1
+                return await self._admit(session_id, input_id, prompt, delivery, look=look)
+            except sa.exc.DBAPIError as error:
+                if not _transient(error):
+                    raise
+                if attempt == ADMIT_ATTEMPTS:
+                    cause = str(error.orig)[:200]
+                    raise AdmissionUnavailableError(session_id, input_id, attempt, cause) from error
+            await asyncio.sleep(_ADMIT_BACKOFF_S * attempt)
+            attempt += 1
+
+    async def _admit(
+        self, session_id: str, input_id: str, prompt: Prompt, delivery: Delivery, *, look: bool
+    ) -> InputReceipt:
+        existing = await self.get(input_id) if look else None
         if existing is None:
             event = ev.PromptAdmitted(
                 session_id=session_id, input_id=input_id, prompt=prompt, delivery=delivery
@@ -213,6 +239,12 @@ _DELIVERIES = Prepared(
         .distinct()
     )
 )
+
+
+def _transient(error: sa.exc.DBAPIError) -> bool:
+    """A failure that says nothing about the admission itself: the database was busy, aborted
+    the transaction (serialization, deadlock) or lost the connection, maybe after the commit."""
+    return isinstance(error, sa.exc.OperationalError) or error.connection_invalidated
 
 
 def _require_model_text(prompt: Prompt) -> None:

@@ -6,8 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from sessionflow.errors import (
+    AdmissionUnavailableError,
     InputConflictError,
     InvalidIdError,
     LifecycleConflictError,
@@ -19,7 +21,9 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import FileAttachment, ModelRef, Prompt, SessionError
 from sessionflow.models.messages import CompactionMessage, UserMessage
 from store import Store
+from store.db import Tx
 from store.events import StoredEvent
+from store.inputs import ADMIT_ATTEMPTS
 from tests.store.helpers import count
 
 PROMOTED = "session.prompt.promoted.1"
@@ -84,6 +88,60 @@ async def test_admit_generates_an_input_id(store: Store) -> None:
     assert await count(store, "session_input") == 2
     # The receipt of a fresh admission is the stored input, as a later read returns it.
     assert [await store.inputs.get(r.id) for r in (one, two)] == [one, two]
+
+
+class Faults:
+    """The database failing admissions (a projector of the test's own, in their transaction):
+    ``lost_acks`` commits that then raise, ``aborts`` transactions that raise before commit."""
+
+    def __init__(self, store: Store) -> None:
+        self.lost_acks = 0
+        self.aborts = 0
+        self.admitted: list[str] = []
+        store.events.project(ev.PromptAdmitted, self._inject)
+
+    async def _inject(self, tx: Tx, stored: StoredEvent) -> None:
+        if self.aborts:
+            self.aborts -= 1
+            raise _connection_lost()
+        self.admitted.append(stored.data.input_id)
+        if self.lost_acks:
+            self.lost_acks -= 1
+            tx.after_commit.insert(0, _raise_connection_lost)
+
+
+def _connection_lost() -> sa.exc.OperationalError:
+    return sa.exc.OperationalError("COMMIT", None, ConnectionResetError("connection lost"))
+
+
+def _raise_connection_lost() -> None:
+    raise _connection_lost()
+
+
+async def test_a_fresh_admission_whose_acknowledgement_was_lost_is_admitted_once(
+    store: Store,
+) -> None:
+    sid = await new_session(store)
+    faults = Faults(store)
+    faults.lost_acks = 1
+    receipt = await store.inputs.admit(sid, "hello")
+    assert faults.lost_acks == 0, "the acknowledgement was never lost"
+    assert faults.admitted == [receipt.id]
+    assert await written(store) == (2, 1)
+    assert await store.inputs.get(receipt.id) == receipt
+
+
+async def test_an_admission_the_database_keeps_failing_names_the_id_to_retry_with(
+    store: Store,
+) -> None:
+    sid = await new_session(store)
+    faults = Faults(store)
+    faults.aborts = ADMIT_ATTEMPTS
+    with pytest.raises(AdmissionUnavailableError, match="connection lost") as failed:
+        await store.inputs.admit(sid, "hello")
+    assert await written(store) == (1, 0)
+    retried = await store.inputs.admit(sid, "hello", input_id=failed.value.input_id)
+    assert faults.admitted == [retried.id] == [failed.value.input_id]
 
 
 async def test_admission_is_idempotent_by_input_id(store: Store) -> None:
