@@ -14,6 +14,8 @@ from sessionflow.models.common import Model, SessionError, Tokens
 Promotion = Literal["steer", "queue"] | None
 TASK_QUEUE = "sessionflow"
 WORKFLOW_ID_PREFIX = "session-"
+# The keyword search attribute every drain run carries: its session id.
+SESSION_ID_SEARCH_ATTRIBUTE = "SessionId"
 
 
 def workflow_id(session_id: str) -> str:
