@@ -18,7 +18,7 @@
     └── ClaimError
         ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
         └── ClaimLostError                   the claim expired, was taken over or released: stop
-            └── StaleAttemptError            a write from an older activity attempt
+            └── StaleAttemptError            a write from an older step or tool attempt
 
 Every error says what was wrong and what to do. Activities translate these into Temporal
 ``ApplicationError``s whose ``type`` is the class name; ``ClaimLostError`` is non-retryable.
@@ -167,11 +167,14 @@ class ClaimLostError(ClaimError):
 
 
 class StaleAttemptError(ClaimLostError):
-    def __init__(self, session_id: str, execution_id: str, attempt: int, current: int) -> None:
+    def __init__(
+        self, session_id: str, execution_id: str, attempt: int, current: int, *, what: str = "step"
+    ) -> None:
         super().__init__(
             session_id,
             execution_id,
-            f"write from step attempt {attempt} after attempt {current} began",
+            f"write from {what} attempt {attempt} after attempt {current} began",
         )
         self.attempt = attempt
         self.current = current
+        self.what = what
