@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from activities.providers import base as p
+from activities.providers.convert import holds_surrogate, sendable
 from sessionflow.models.common import ModelRef, TextContent
 from sessionflow.models.messages import (
     AssistantMessage,
@@ -62,7 +63,16 @@ def to_request_messages(messages: list[Message], target: ModelRef) -> list[p.Req
                 out.append(_text("user", _checkpoint(message)))
         elif isinstance(message, AssistantMessage):
             out.extend(_assistant(message, target))
-    return out
+    return [_readable(message) for message in out]
+
+
+def _readable(message: p.RequestMessage) -> p.RequestMessage:
+    """``message`` with each lone surrogate replaced by U+FFFD (``convert.sendable``): stored
+    history may hold them (a model's split emoji, a tool's bytes), and every adapter, the
+    scripted one included, must be able to encode what it is given."""
+    if not holds_surrogate(message):
+        return message
+    return p.RequestMessage.model_validate(sendable(message.model_dump()))
 
 
 def _text(role: Any, text: str) -> p.RequestMessage:

@@ -10,10 +10,20 @@ from __future__ import annotations
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from activities.runtime import Runtime
-from sessionflow.models.drain import DrainInput, SweepInput, SweepResult, WakeSignal, workflow_id
+from sessionflow.models.drain import (
+    SESSION_ID_SEARCH_ATTRIBUTE,
+    DrainInput,
+    SweepInput,
+    SweepResult,
+    WakeSignal,
+    workflow_id,
+)
+
+_SESSION_ID = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 
 
 class SweepActivities:
@@ -40,6 +50,10 @@ class SweepActivities:
                 task_queue=self.task_queue,
                 start_signal="wake",
                 start_signal_args=[WakeSignal()],
+                # Like every run the client starts: a recovered drain is found by its session.
+                search_attributes=TypedSearchAttributes(
+                    [SearchAttributePair(_SESSION_ID, session_id)]
+                ),
                 static_summary=f"session {session_id} (recovered)",
             )
             woken.append(session_id)

@@ -1,8 +1,12 @@
 """``run_tool``: one local tool call, run at most once, settled through the fenced store.
 
-Idempotent: a settled call returns its stored outcome. A retried attempt of a tool that is not
-``retry_safe`` may follow a run whose effects happened but were never recorded, so it settles as
-outcome-unknown instead of running twice; the model reads that and decides.
+Idempotent: a settled call returns its stored outcome. Every write for the call carries its
+activity attempt (``store/tool_runs.py``): an attempt takes the call just before the tool runs,
+and a write from an older attempt, a zombie still running after its retry began, is refused.
+A retried attempt of a tool that is not ``retry_safe`` whose call an earlier attempt took may
+follow a run whose effects happened but were never recorded, so it settles as outcome-unknown
+instead of running twice; the model reads that and decides. If no earlier attempt took the call
+(it failed before the tool started, say on a database blip), the tool runs normally.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from temporalio import activity
 from activities.runtime import Runtime, heartbeating, to_claim, translated
 from activities.tools.base import ToolContext, ToolFailure, ToolOutput
 from sessionflow import telemetry
+from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, TextContent
 from sessionflow.models.drain import ToolInput, ToolOutcome
 from sessionflow.models.messages import AssistantMessage, ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.projector import load_message
+from store.tool_runs import ToolAttempt
 
 
 class ToolActivities:
@@ -40,6 +46,13 @@ class ToolActivities:
 
     async def _run(self, request: ToolInput) -> ToolOutcome:
         claim = to_claim(request.claim)
+        run = ToolAttempt(
+            claim.session_id,
+            claim.execution_id,
+            request.assistant_message_id,
+            request.call_id,
+            activity.info().attempt,
+        )
         async with translated(), heartbeating(self.rt.store, request.claim):
             part, workspace = await self._part(claim, request)
             if part is None:
@@ -49,18 +62,23 @@ class ToolActivities:
             tool = self.rt.tools.get(request.name)
             if tool is None:
                 error = SessionError(type="tool.unknown", message=f"Unknown tool: {request.name}")
-                return await self._settle(claim, request, error=error)
-            if activity.info().attempt > 1 and not tool.retry_safe:
-                error = SessionError(
-                    type="tool.outcome-unknown",
-                    message=(
-                        f"The {request.name} call may or may not have run before its worker was "
-                        f"lost, and it is not safe to run twice. Check its effects before calling "
-                        f"it again."
-                    ),
-                )
-                return await self._settle(claim, request, error=error)
-            return await self._execute(claim, request, tool, part, workspace)
+                return await self._settle(claim, run, error=error)
+            if await self._take_call(claim, run, tool):
+                return await self._settle(claim, run, error=_outcome_unknown(request.name))
+            return await self._execute(claim, run, tool, part, workspace)
+
+    async def _take_call(self, claim: Claim, run: ToolAttempt, tool: Any) -> bool:
+        """Take the call for this attempt; whether an earlier attempt of a tool that is not
+        ``retry_safe`` may have run it.
+
+        Attempt 1 of a retry-safe tool takes nothing, sparing a write: there is no older
+        attempt to fence out, and a later one takes the call over all the same.
+        """
+        if run.attempt == 1 and tool.retry_safe:
+            return False
+        async with self.rt.store.claims.fenced(claim) as tx:
+            earlier = await self.rt.store.tool_runs.take(tx, run)
+        return earlier is not None and earlier < run.attempt and not tool.retry_safe
 
     async def _part(self, claim: Claim, request: ToolInput) -> tuple[ToolPart | None, Path]:
         store = self.rt.store
@@ -77,15 +95,16 @@ class ToolActivities:
         return part, workspace
 
     async def _execute(
-        self, claim: Claim, request: ToolInput, tool: Any, part: ToolPart, workspace: Path
+        self, claim: Claim, run: ToolAttempt, tool: Any, part: ToolPart, workspace: Path
     ) -> ToolOutcome:
         async def progress(structured: dict[str, Any], text: str) -> None:
             await self._publish(
                 claim,
+                run,
                 ev.ToolProgress(
                     session_id=claim.session_id,
-                    assistant_message_id=request.assistant_message_id,
-                    call_id=request.call_id,
+                    assistant_message_id=run.assistant_message_id,
+                    call_id=run.call_id,
                     structured=structured,
                     content=(TextContent(text=text),) if text else (),
                 ),
@@ -95,70 +114,87 @@ class ToolActivities:
         context = ToolContext(
             session_id=claim.session_id,
             workspace=workspace,
-            assistant_message_id=request.assistant_message_id,
-            call_id=request.call_id,
+            assistant_message_id=run.assistant_message_id,
+            call_id=run.call_id,
             progress=progress,
         )
         try:
             tool_input = tool.input_model.model_validate(getattr(part.state, "input", {}))
             output: ToolOutput = await tool.execute(tool_input, context)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, ClaimLostError):
+            raise  # stopped, or fenced out (a later attempt took the call): settle nothing
         except ValidationError as invalid:
-            message = f"Invalid input for {request.name}: {invalid}"
+            message = f"Invalid input for {tool.name}: {invalid}"
             failure = SessionError(type="tool.execution", message=message)
-            return await self._settle(claim, request, failure)
+            return await self._settle(claim, run, failure)
         except ToolFailure as refused:
             failure = SessionError(type="tool.execution", message=str(refused))
-            return await self._settle(claim, request, failure)
+            return await self._settle(claim, run, failure)
         except Exception as defect:
             failure = SessionError(type="unknown", message=str(defect) or type(defect).__name__)
-            return await self._settle(claim, request, failure)
-        return await self._settle(claim, request, output=output)
+            return await self._settle(claim, run, failure)
+        return await self._settle(claim, run, output=output)
 
     async def _settle(
         self,
         claim: Claim,
-        request: ToolInput,
+        run: ToolAttempt,
         error: SessionError | None = None,
         *,
         output: ToolOutput | None = None,
     ) -> ToolOutcome:
-        event: ev.Event
-        if error is not None:
-            event = ev.ToolFailed(
-                session_id=claim.session_id,
-                assistant_message_id=request.assistant_message_id,
-                call_id=request.call_id,
-                error=error,
-            )
-        else:
-            assert output is not None
-            event = ev.ToolSucceeded(
-                session_id=claim.session_id,
-                assistant_message_id=request.assistant_message_id,
-                call_id=request.call_id,
-                structured=output.structured,
-                content=output.content,
-                output_paths=output.output_paths,
-                output=output.full_text,
-            )
+        event = _settlement(run, error, output)
         store = self.rt.store
         async with store.claims.fenced(claim) as tx:
-            # Checked and settled in one fenced transaction: a call settles exactly once.
-            message = await load_message(tx, claim.session_id, request.assistant_message_id)
-            part = message.tool(request.call_id) if isinstance(message, AssistantMessage) else None
+            # Checked and settled in one fenced transaction: a call settles exactly once, by
+            # its latest attempt.
+            await store.tool_runs.check(tx, run)
+            message = await load_message(tx, claim.session_id, run.assistant_message_id)
+            part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
             if part is not None and part.settled:
                 return _outcome(part)
             await store.events.publish(event, tx=tx)
         if error is not None:
-            return ToolOutcome(call_id=request.call_id, status="error", error=error)
-        return ToolOutcome(call_id=request.call_id, status="completed")
+            return ToolOutcome(call_id=run.call_id, status="error", error=error)
+        return ToolOutcome(call_id=run.call_id, status="completed")
 
-    async def _publish(self, claim: Claim, event: ev.Event) -> None:
+    async def _publish(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> None:
         store = self.rt.store
         async with store.claims.fenced(claim) as tx:
+            await store.tool_runs.check(tx, run)
             await store.events.publish(event, tx=tx)
+
+
+def _settlement(
+    run: ToolAttempt, error: SessionError | None, output: ToolOutput | None
+) -> ev.Event:
+    if error is not None:
+        return ev.ToolFailed(
+            session_id=run.session_id,
+            assistant_message_id=run.assistant_message_id,
+            call_id=run.call_id,
+            error=error,
+        )
+    assert output is not None
+    return ev.ToolSucceeded(
+        session_id=run.session_id,
+        assistant_message_id=run.assistant_message_id,
+        call_id=run.call_id,
+        structured=output.structured,
+        content=output.content,
+        output_paths=output.output_paths,
+        output=output.full_text,
+    )
+
+
+def _outcome_unknown(name: str) -> SessionError:
+    return SessionError(
+        type="tool.outcome-unknown",
+        message=(
+            f"The {name} call may or may not have run before its worker was lost, and it is "
+            f"not safe to run twice. Check its effects before calling it again."
+        ),
+    )
 
 
 def _outcome(part: ToolPart) -> ToolOutcome:

@@ -3,7 +3,8 @@
     SessionflowError
     ├── InvalidInputError (also ValueError)   bad input at an edge; nothing was written
     │   ├── InvalidIdError                    an id that does not match ^[A-Za-z0-9_-]{1,128}$
-    │   └── PayloadTooLargeError             an event or prompt above the configured cap
+    │   ├── PayloadTooLargeError             an event or prompt above the configured cap
+    │   └── UnencodableTextError             text for a model holding a lone surrogate
     ├── NotFoundError
     │   └── SessionNotFoundError
     ├── ConflictError
@@ -13,10 +14,11 @@
     │   ├── InvalidDurableEventError         a defect in the event store contract (reference §2.3)
     │   ├── SequenceConflictError            two writers raced for one (aggregate, seq)
     │   └── StoreUnavailableError            the database cannot be reached or is read-only
+    │       └── AdmissionUnavailableError    an admission failed its retries; it may have committed
     └── ClaimError
         ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
         └── ClaimLostError                   the claim expired, was taken over or released: stop
-            └── StaleAttemptError            a write from an older activity attempt
+            └── StaleAttemptError            a write from an older step or tool attempt
 
 Every error says what was wrong and what to do. Activities translate these into Temporal
 ``ApplicationError``s whose ``type`` is the class name; ``ClaimLostError`` is non-retryable.
@@ -53,6 +55,19 @@ class PayloadTooLargeError(InvalidInputError):
         self.what = what
         self.size = size
         self.limit = limit
+
+
+class UnencodableTextError(InvalidInputError):
+    def __init__(self, what: str, index: int, code_point: int) -> None:
+        super().__init__(
+            f"{what} holds a lone surrogate U+{code_point:04X} at character {index}, which is "
+            f"not valid Unicode: no model request can carry it, so nothing was stored. Send "
+            f"valid UTF-8 text (an emoji is one code point, not a surrogate pair; re-decode "
+            f"bytes read with errors='surrogateescape' using errors='replace')."
+        )
+        self.what = what
+        self.index = index
+        self.code_point = code_point
 
 
 class NotFoundError(SessionflowError, LookupError):
@@ -113,6 +128,18 @@ class StoreUnavailableError(StoreError):
     """The database is unreachable or refuses writes; nothing partial was committed."""
 
 
+class AdmissionUnavailableError(StoreUnavailableError):
+    def __init__(self, session_id: str, input_id: str, attempts: int, cause: str) -> None:
+        super().__init__(
+            f"Could not admit input {input_id} to session {session_id}: the database failed "
+            f"{attempts} times (last: {cause}). It may have been admitted all the same: retry "
+            f"with input_id={input_id!r}, which admits it at most once."
+        )
+        self.session_id = session_id
+        self.input_id = input_id
+        self.attempts = attempts
+
+
 class ClaimError(SessionflowError):
     """Base of the session claim (lease) errors."""
 
@@ -140,11 +167,14 @@ class ClaimLostError(ClaimError):
 
 
 class StaleAttemptError(ClaimLostError):
-    def __init__(self, session_id: str, execution_id: str, attempt: int, current: int) -> None:
+    def __init__(
+        self, session_id: str, execution_id: str, attempt: int, current: int, *, what: str = "step"
+    ) -> None:
         super().__init__(
             session_id,
             execution_id,
-            f"write from step attempt {attempt} after attempt {current} began",
+            f"write from {what} attempt {attempt} after attempt {current} began",
         )
         self.attempt = attempt
         self.current = current
+        self.what = what

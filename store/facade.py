@@ -18,6 +18,7 @@ from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs
 from store.notify import Notifier
 from store.sessions import Sessions
+from store.tool_runs import ToolRuns
 
 _tracer = trace.get_tracer("sessionflow.store")
 
@@ -31,6 +32,7 @@ class Store:
     inputs: Inputs
     sessions: Sessions
     writer: SqliteWriter | PostgresWriter | None = field(default=None)
+    tool_runs: ToolRuns = field(default_factory=ToolRuns)
 
     async def append(
         self, claim: Claim, events: Sequence[Event], *, step_attempt: int | None = None

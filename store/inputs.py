@@ -7,13 +7,20 @@ Promotion runs inside the drain's fenced transaction.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from sessionflow.errors import InputConflictError, LifecycleConflictError, SessionNotFoundError
+from sessionflow.errors import (
+    AdmissionUnavailableError,
+    InputConflictError,
+    LifecycleConflictError,
+    SessionNotFoundError,
+    UnencodableTextError,
+)
 from sessionflow.ids import message_id, validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import Delivery, Prompt
@@ -25,6 +32,8 @@ from store.projector import pending_compaction
 from store.schema import input_table, session_table
 
 _i = input_table.c
+ADMIT_ATTEMPTS = 4
+_ADMIT_BACKOFF_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,15 +70,38 @@ class Inputs:
         input_id: str | None = None,
         delivery: Delivery = "steer",
     ) -> InputReceipt:
-        """Record a prompt durably; idempotent by ``input_id`` (the future user message id)."""
+        """Record a prompt durably; idempotent by ``input_id`` (the future user message id).
+
+        A database failure that may have committed or not (a busy database, a serialization
+        failure, a connection lost mid-commit) is retried under the same id, minted once before
+        the first attempt: a commit whose acknowledgement was lost is found, not admitted twice.
+        """
         validate_id(session_id)
         prompt = Prompt(text=prompt) if isinstance(prompt, str) else prompt
         if delivery not in ("steer", "queue"):
             raise ValueError(f"Unknown delivery {delivery!r}: use 'steer' or 'queue'")
+        _require_model_text(prompt)
         fresh = input_id is None
         input_id = validate_id(input_id, "input") if input_id is not None else message_id()
-        # A caller's id may have been admitted before (a retry); a fresh one cannot have been.
-        existing = None if fresh else await self.get(input_id)
+        attempt = 1
+        while True:
+            try:
+                # Only a fresh id on its first attempt cannot have been admitted before.
+                look = not fresh or attempt > 1
+                return await self._admit(session_id, input_id, prompt, delivery, look=look)
+            except sa.exc.DBAPIError as error:
+                if not _transient(error):
+                    raise
+                if attempt == ADMIT_ATTEMPTS:
+                    cause = str(error.orig)[:200]
+                    raise AdmissionUnavailableError(session_id, input_id, attempt, cause) from error
+            await asyncio.sleep(_ADMIT_BACKOFF_S * attempt)
+            attempt += 1
+
+    async def _admit(
+        self, session_id: str, input_id: str, prompt: Prompt, delivery: Delivery, *, look: bool
+    ) -> InputReceipt:
+        existing = await self.get(input_id) if look else None
         if existing is None:
             event = ev.PromptAdmitted(
                 session_id=session_id, input_id=input_id, prompt=prompt, delivery=delivery
@@ -207,6 +239,28 @@ _DELIVERIES = Prepared(
         .distinct()
     )
 )
+
+
+def _transient(error: sa.exc.DBAPIError) -> bool:
+    """A failure that says nothing about the admission itself: the database was busy, aborted
+    the transaction (serialization, deadlock) or lost the connection, maybe after the commit."""
+    return isinstance(error, sa.exc.OperationalError) or error.connection_invalidated
+
+
+def _require_model_text(prompt: Prompt) -> None:
+    """Refuse a prompt whose text for the model holds a lone surrogate.
+
+    The store would keep it exactly, but no provider request can carry it: refused here, the
+    caller learns at once what was wrong, instead of the model reading U+FFFD in its place.
+    """
+    fields = [("The prompt text", prompt.text)]
+    for n, file in enumerate(prompt.files, 1):
+        named = (("name", file.name), ("description", file.description), ("mime", file.mime))
+        fields += [(f"Attachment {n}'s {key}", value) for key, value in named if value]
+    for what, text in fields:
+        index = codec.first_surrogate(text)
+        if index is not None:
+            raise UnencodableTextError(what, index, ord(text[index]))
 
 
 async def _require_session(conn: Connection, session_id: str) -> None:

@@ -184,6 +184,25 @@ class RecoveryRow(Base):
     __table_args__ = (sa.Index(None, "wake_pending", "time_created", "execution_id"),)
 
 
+class ToolRunRow(Base):
+    """The latest attempt of ``run_tool`` that took a call: the fence of the call's writes.
+
+    Written before the tool runs, so it also tells a retried attempt whether an earlier one
+    may have started the tool (``store/tool_runs.py``).
+    """
+
+    __tablename__ = "session_tool_run"
+
+    session_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("session.id", ondelete="CASCADE"), primary_key=True
+    )
+    assistant_message_id: Mapped[Id] = mapped_column(primary_key=True)
+    # Provider call ids have no length limit.
+    call_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    attempt: Mapped[int] = mapped_column(sa.Integer)
+    time_created: Mapped[Millis]
+
+
 session_table = cast(sa.Table, SessionRow.__table__)
 message_table = cast(sa.Table, MessageRow.__table__)
 input_table = cast(sa.Table, InputRow.__table__)
@@ -191,3 +210,4 @@ sequence_table = cast(sa.Table, EventSequenceRow.__table__)
 event_table = cast(sa.Table, EventRow.__table__)
 execution_table = cast(sa.Table, ExecutionRow.__table__)
 recovery_table = cast(sa.Table, RecoveryRow.__table__)
+tool_run_table = cast(sa.Table, ToolRunRow.__table__)

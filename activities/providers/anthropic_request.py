@@ -20,6 +20,7 @@ from activities.providers.convert import (
     input_text,
     output_text,
     own_metadata,
+    sendable,
     texts,
 )
 from activities.providers.models import output_limit
@@ -53,7 +54,7 @@ def messages_body(request: p.ProviderRequest, settings: ProviderSettings) -> dic
     if budget:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["max_tokens"] = max(limit, budget + 1)  # the API wants room beyond the budget
-    return body
+    return sendable(body)
 
 
 def _tool(spec: p.ToolSpec) -> dict[str, Any]:

@@ -8,9 +8,15 @@ key, and render anything they cannot replay natively as plain text, so no contex
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from typing import Any, TypeVar, cast
+
+from pydantic import BaseModel
 
 from activities.providers import base as p
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+T = TypeVar("T")
 
 
 def own_metadata(
@@ -56,3 +62,38 @@ def hosted_result_text(result: p.ToolResultPartIn) -> str:
 def texts(message: p.RequestMessage) -> str:
     """A message's text parts joined, for roles that take only text (system)."""
     return "\n\n".join(part.text for part in message.content if isinstance(part, p.TextPartIn))
+
+
+def holds_surrogate(value: Any) -> bool:
+    """Whether a lone surrogate is anywhere in ``value`` (models, containers, keys, strings)."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, BaseModel):
+        return any(holds_surrogate(v) for v in vars(value).values())
+    if isinstance(value, dict):
+        return any(holds_surrogate(k) or holds_surrogate(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(holds_surrogate(v) for v in value)
+    return False
+
+
+def sendable(value: T) -> T:
+    """``value`` (JSON data) with each lone surrogate replaced by U+FFFD.
+
+    The store keeps them exactly (a model's split emoji, a tool's invalid UTF-8), but no request
+    body can be encoded with one: sent as is, the history would fail every later turn, so the
+    model reads the replacement character instead. Unchanged data comes back as it was.
+    """
+    if not holds_surrogate(value):
+        return value
+    return cast(T, _replaced(value))
+
+
+def _replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replaced(k): _replaced(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_replaced(v) for v in value]
+    return value

@@ -16,6 +16,7 @@ from activities.providers.convert import (
     hosted_result_text,
     input_text,
     output_text,
+    sendable,
     texts,
 )
 from activities.providers.settings import ProviderSettings
@@ -38,7 +39,7 @@ def chat_body(request: p.ProviderRequest, settings: ProviderSettings) -> dict[st
         # OpenAI's reasoning models take only the new name; compatible servers know the old one.
         key = "max_tokens" if settings.chat_base_url else "max_completion_tokens"
         body[key] = settings.max_output_tokens
-    return body
+    return sendable(body)
 
 
 def _tool(spec: p.ToolSpec) -> dict[str, Any]:

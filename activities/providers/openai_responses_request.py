@@ -20,6 +20,7 @@ from activities.providers.convert import (
     input_text,
     output_text,
     own_metadata,
+    sendable,
     texts,
 )
 from activities.providers.models import is_reasoning
@@ -53,7 +54,7 @@ def responses_body(request: p.ProviderRequest, settings: ProviderSettings) -> di
         body["prompt_cache_key"] = request.prompt_cache_key
     if settings.max_output_tokens is not None:
         body["max_output_tokens"] = settings.max_output_tokens
-    return body
+    return sendable(body)
 
 
 def _tool(spec: p.ToolSpec) -> dict[str, Any]:

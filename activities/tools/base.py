@@ -59,14 +59,16 @@ class Tool(Generic[InputT]):
     async def execute(self, input: InputT, context: ToolContext) -> ToolOutput:
         raise ToolFailure(f"Tool {self.name} cannot run")
 
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema the model sees; a tool whose limits are settings states them here."""
+        return self.input_model.model_json_schema()
+
     def spec(self) -> ToolSpec:
         # Built once per tool: generating a JSON schema costs more than the rest of a request.
         cached: ToolSpec | None = getattr(self, "_spec", None)
         if cached is None:
             cached = ToolSpec(
-                name=self.name,
-                description=self.description,
-                input_schema=self.input_model.model_json_schema(),
+                name=self.name, description=self.description, input_schema=self.input_schema()
             )
             self._spec = cached
         return cached

@@ -217,9 +217,8 @@ def command_env(hidden: tuple[str, ...]) -> dict[str, str]:
 
 class BashInput(BaseModel):
     command: str = Field(min_length=1, description="Shell command, run with bash -c")
-    timeout: float | None = Field(
-        default=None, gt=0, description="Seconds before the command is killed (default 120)"
-    )
+    # The default and the cap are settings: ``Bash.input_schema`` states them to the model.
+    timeout: float | None = Field(default=None, gt=0)
     description: str = Field(default="", description="What the command does, in a few words")
 
 
@@ -236,11 +235,24 @@ class Bash(Tool[BashInput]):
     def __init__(self, settings: ToolSettings | None = None) -> None:
         self.settings = settings or ToolSettings()
 
+    def input_schema(self) -> dict[str, Any]:
+        schema = super().input_schema()
+        timeout = schema["properties"]["timeout"]
+        cap = self.settings.bash_max_timeout
+        default = min(self.settings.bash_timeout, cap)
+        timeout["description"] = (
+            f"Seconds before the command is killed: {default:g} when not given, at most {cap:g}"
+        )
+        for choice in timeout["anyOf"]:
+            if choice.get("type") == "number":
+                choice["maximum"] = cap
+        return schema
+
     async def execute(self, input: BashInput, context: ToolContext) -> ToolOutput:
         if "\0" in input.command:
             raise ToolFailure("The command contains a NUL byte")
         s = self.settings
-        timeout = min(input.timeout or s.bash_timeout, s.bash_max_timeout)
+        timeout = self._timeout(input)
         root = str(context.workspace)
         cwd = await asyncio.to_thread(_real_root, root, s)
         before = await asyncio.to_thread(snapshot, root, s)
@@ -256,6 +268,20 @@ class Bash(Tool[BashInput]):
         after = await asyncio.to_thread(snapshot, root, s) if before is not None else None
         paths = changed(before, after) if before is not None and after is not None else ()
         return self._render(run, timeout, paths, tracked=after is not None)
+
+    def _timeout(self, input: BashInput) -> float:
+        """The command's time limit; asking for more than the cap is refused, not cut short."""
+        cap = self.settings.bash_max_timeout
+        if input.timeout is None:
+            return min(self.settings.bash_timeout, cap)
+        if input.timeout > cap:
+            raise ToolFailure(
+                f"timeout {input.timeout:g} s is above the limit of {cap:g} s for one command, "
+                f"so the command did not run. Give a timeout of at most {cap:g} s; for longer "
+                f"work, split it into commands that each finish within {cap:g} s (background "
+                f"processes do not outlive the call)."
+            )
+        return input.timeout
 
     def _progress(self, context: ToolContext) -> OnOutput:
         last = time.monotonic()

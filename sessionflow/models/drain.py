@@ -16,6 +16,8 @@ Promotion = Literal["steer", "queue"] | None
 RESUME_BUDGET = 10
 TASK_QUEUE = "sessionflow"
 WORKFLOW_ID_PREFIX = "session-"
+# The keyword search attribute every drain run carries: its session id.
+SESSION_ID_SEARCH_ATTRIBUTE = "SessionId"
 
 
 def workflow_id(session_id: str) -> str:

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from sessionflow.errors import InvalidIdError, PayloadTooLargeError
 from sessionflow.models import events as ev
+from sessionflow.models.common import ModelRef
+from sessionflow.models.messages import AssistantMessage
 from store import Store, codec
 from tests.store.helpers import count, rows
 
@@ -97,3 +99,38 @@ def test_codec_round_trips_any_string(text: str) -> None:
     encoded.encode("utf-8")  # always storable as UTF-8
     assert "\x00" not in encoded
     assert codec.loads(encoded) == {"text": text}
+
+
+# A lone high surrogate and a lone low one, as two code points: not the emoji they would pair to.
+SPLIT_PAIR = "\ud83d" + "\ude00"
+
+
+async def test_lone_surrogates_that_would_pair_stay_two_code_points(store: Store) -> None:
+    sid = (await store.sessions.create("/work")).id
+    ids = {"session_id": sid, "assistant_message_id": "msg_split"}
+    model = ModelRef(provider_id="scripted", id="x")
+    await store.events.publish_many(
+        [
+            ev.StepStarted(**ids, agent="build", model=model),
+            ev.TextStarted(**ids, ordinal=0),
+            ev.TextDelta(**ids, ordinal=0, delta="\ud83d"),
+            ev.TextDelta(**ids, ordinal=0, delta="\ude00"),
+            ev.TextEnded(**ids, ordinal=0, text=SPLIT_PAIR),
+        ]
+    )
+    events = [e.data for e in (await store.events.read_after(sid, 0)).events]
+    deltas = "".join(e.delta for e in events if isinstance(e, ev.TextDelta))
+    ended = next(e for e in events if isinstance(e, ev.TextEnded))
+    (message,) = await store.sessions.messages(sid)
+    assert isinstance(message, AssistantMessage)
+    for text in (deltas, ended.text, message.content[0].text):  # type: ignore[union-attr]
+        assert text == SPLIT_PAIR and len(text) == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["\ud83d", "\ude00", "\udbff", "\udc00", "\\", "u", "d", "~"])))
+def test_codec_round_trips_strings_of_surrogates_and_backslashes(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    encoded = codec.dumps({text: [text]})
+    encoded.encode("utf-8")
+    assert codec.loads(encoded) == {text: [text]}

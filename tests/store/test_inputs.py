@@ -6,19 +6,24 @@ import asyncio
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from sessionflow.errors import (
+    AdmissionUnavailableError,
     InputConflictError,
     InvalidIdError,
     LifecycleConflictError,
     SessionNotFoundError,
+    UnencodableTextError,
 )
 from sessionflow.ids import message_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import FileAttachment, ModelRef, Prompt, SessionError
 from sessionflow.models.messages import CompactionMessage, UserMessage
 from store import Store
+from store.db import Tx
 from store.events import StoredEvent
+from store.inputs import ADMIT_ATTEMPTS
 from tests.store.helpers import count
 
 PROMOTED = "session.prompt.promoted.1"
@@ -85,6 +90,60 @@ async def test_admit_generates_an_input_id(store: Store) -> None:
     assert [await store.inputs.get(r.id) for r in (one, two)] == [one, two]
 
 
+class Faults:
+    """The database failing admissions (a projector of the test's own, in their transaction):
+    ``lost_acks`` commits that then raise, ``aborts`` transactions that raise before commit."""
+
+    def __init__(self, store: Store) -> None:
+        self.lost_acks = 0
+        self.aborts = 0
+        self.admitted: list[str] = []
+        store.events.project(ev.PromptAdmitted, self._inject)
+
+    async def _inject(self, tx: Tx, stored: StoredEvent) -> None:
+        if self.aborts:
+            self.aborts -= 1
+            raise _connection_lost()
+        self.admitted.append(stored.data.input_id)
+        if self.lost_acks:
+            self.lost_acks -= 1
+            tx.after_commit.insert(0, _raise_connection_lost)
+
+
+def _connection_lost() -> sa.exc.OperationalError:
+    return sa.exc.OperationalError("COMMIT", None, ConnectionResetError("connection lost"))
+
+
+def _raise_connection_lost() -> None:
+    raise _connection_lost()
+
+
+async def test_a_fresh_admission_whose_acknowledgement_was_lost_is_admitted_once(
+    store: Store,
+) -> None:
+    sid = await new_session(store)
+    faults = Faults(store)
+    faults.lost_acks = 1
+    receipt = await store.inputs.admit(sid, "hello")
+    assert faults.lost_acks == 0, "the acknowledgement was never lost"
+    assert faults.admitted == [receipt.id]
+    assert await written(store) == (2, 1)
+    assert await store.inputs.get(receipt.id) == receipt
+
+
+async def test_an_admission_the_database_keeps_failing_names_the_id_to_retry_with(
+    store: Store,
+) -> None:
+    sid = await new_session(store)
+    faults = Faults(store)
+    faults.aborts = ADMIT_ATTEMPTS
+    with pytest.raises(AdmissionUnavailableError, match="connection lost") as failed:
+        await store.inputs.admit(sid, "hello")
+    assert await written(store) == (1, 0)
+    retried = await store.inputs.admit(sid, "hello", input_id=failed.value.input_id)
+    assert faults.admitted == [retried.id] == [failed.value.input_id]
+
+
 async def test_admission_is_idempotent_by_input_id(store: Store) -> None:
     sid = await new_session(store)
     prompt = Prompt(
@@ -142,6 +201,34 @@ async def test_admission_to_an_unknown_session_writes_nothing(store: Store) -> N
     assert await written(store) == (0, 0)
     assert await store.events.latest_sequence("ses_missing") == -1
     assert await store.inputs.get("msg_lost") is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "what", "index"),
+    [
+        (Prompt(text="half \ud83d an emoji"), "The prompt text", 5),
+        (Prompt(text="split pair \ud83d\ude00"), "The prompt text", 11),
+        (
+            Prompt(
+                text="fine",
+                files=(FileAttachment(mime="text/plain", data="", name="bad\udcffname"),),
+            ),
+            "Attachment 1's name",
+            3,
+        ),
+    ],
+)
+async def test_a_prompt_holding_a_lone_surrogate_is_refused_and_nothing_is_written(
+    store: Store, prompt: Prompt, what: str, index: int
+) -> None:
+    sid = await new_session(store)
+    before = await written(store)
+    with pytest.raises(UnencodableTextError, match=r"lone surrogate U\+D") as refused:
+        await store.inputs.admit(sid, prompt, input_id="msg_bad")
+    assert (refused.value.what, refused.value.index) == (what, index)
+    assert str(refused.value).startswith(f"{what} holds a lone surrogate")
+    assert await written(store) == before
+    assert await store.inputs.get("msg_bad") is None
 
 
 async def test_compaction_for_an_unknown_session_writes_nothing(store: Store) -> None:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from temporalio.testing import WorkflowEnvironment
 
 from activities.session import BUDGET_MESSAGE, RESTART_TEXT
+from sessionflow.client import SESSION_ID_ATTRIBUTE
 from sessionflow.models.drain import SweepInput, SweepResult
 from store import Store
 from tests.conftest import StoreFactory, Target
@@ -78,6 +79,22 @@ async def test_the_sweep_recovers_a_drain_terminated_mid_turn(
     assert types.count("session.execution.succeeded") == 1
     assert await h.store.claims.current(sid) is None
     assert (await sweep(h, temporal_env)).woken == ()
+
+
+async def test_a_drain_the_sweep_starts_carries_the_session_id_search_attribute(
+    short_lease: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    h = short_lease
+    sid = await h.session(
+        [call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "continued"}]
+    )
+    await abandon_mid_tool(h, sid)
+    abandoned = (await h.client._handle(sid).describe()).run_id
+    assert (await sweep(h, temporal_env)).woken == (sid,)
+    swept = await h.client._handle(sid).describe()
+    assert swept.run_id != abandoned
+    assert swept.typed_search_attributes.get(SESSION_ID_ATTRIBUTE) == sid
+    await h.client.wait_idle(sid, timeout=30)
 
 
 async def test_the_resume_budget_ends_a_crash_looping_turn(

@@ -223,3 +223,20 @@ async def test_anthropic_drain_replays_signed_thinking_and_hosted_search(drain: 
     ]
     assert hosted[1]["input"] == {"query": "temporal durable execution"}
     assert hosted[2]["content"][0]["encrypted_content"] == "EqgfCioIARgBIiQ3YTAwMjY1Mi1mZjM5"
+
+
+async def test_a_models_lone_surrogate_is_sent_back_as_a_replacement_character(
+    drain: Drain,
+) -> None:
+    # The model's reply ends in half an emoji (a JSON escape the SDK decodes to a lone
+    # surrogate); the store keeps it exactly, and the next request must still be sendable.
+    text = [
+        chunk.replace(b"Hello", b"Half \\ud83d") for chunk in support.recording("chat_text.sse")
+    ]
+    drain.server.queue(Reply.events(*text), Reply.events(*support.recording("chat_text.sse")))
+    session = await drain.run("openai-chat/gpt-4o-mini", "Say hello.", "Again.")
+    assert len(drain.server.requests) == 2
+    first = (await assistants(drain, session))[0]
+    assert first.content[0].text == "Half \ud83d, world."  # type: ignore[union-attr]
+    assert drain.sent(1)["messages"][2] == {"role": "assistant", "content": "Half \ufffd, world."}
+    assert "session.execution.failed" not in [e.type async for e in drain.client.events(session)]

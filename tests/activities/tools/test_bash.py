@@ -19,7 +19,8 @@ import pytest
 
 from activities.tools import process
 from activities.tools.base import ToolFailure, ToolOutput
-from tests.activities.tools.conftest import Sandbox, text
+from activities.tools.builtin import builtin_registry
+from tests.activities.tools.conftest import SETTINGS, Sandbox, text
 
 
 def marker() -> str:
@@ -156,10 +157,32 @@ async def test_worker_shutdown_backstop_kills_running_groups(sandbox: Sandbox) -
     assert live(mark) == []
 
 
-async def test_the_timeout_is_clamped_and_nul_refused(sandbox: Sandbox) -> None:
-    sandbox.settings = dataclasses.replace(sandbox.settings, bash_max_timeout=0.3)
-    output = await sandbox.call("bash", command="sleep 5", timeout=100)
-    assert output.structured["timed_out"] and "0.3s" in text(output)
+async def test_a_timeout_above_the_cap_is_refused_naming_the_limit(sandbox: Sandbox) -> None:
+    sandbox.settings = dataclasses.replace(sandbox.settings, bash_max_timeout=30)
+    ran = sandbox.workspace / "ran"
+    with pytest.raises(ToolFailure) as refused:
+        await sandbox.call("bash", command=f"touch {ran}", timeout=30.5)
+    assert str(refused.value).startswith(
+        "timeout 30.5 s is above the limit of 30 s for one command, so the command did not run. "
+        "Give a timeout of at most 30 s"
+    )
+    assert not ran.exists()
+    output = await sandbox.call("bash", command=f"touch {ran}", timeout=30)
+    assert output.structured["exit_code"] == 0 and ran.exists()
+
+
+def test_the_schema_states_the_timeout_default_and_cap() -> None:
+    settings = dataclasses.replace(SETTINGS, bash_timeout=45, bash_max_timeout=300)
+    bash = builtin_registry(settings).get("bash")
+    assert bash is not None
+    timeout = bash.spec().input_schema["properties"]["timeout"]
+    assert timeout["description"] == (
+        "Seconds before the command is killed: 45 when not given, at most 300"
+    )
+    assert {"type": "number", "exclusiveMinimum": 0, "maximum": 300} in timeout["anyOf"]
+
+
+async def test_a_nul_byte_in_the_command_is_refused(sandbox: Sandbox) -> None:
     with pytest.raises(ToolFailure, match="NUL"):
         await sandbox.call("bash", command="echo a\x00b")
 

@@ -1,0 +1,54 @@
+"""Tool runs: the latest attempt of ``run_tool`` per call fences the call's writes."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from sessionflow.errors import StaleAttemptError
+from store import Store
+from store.claims import Claim
+from store.schema import Base
+from store.tool_runs import ToolAttempt
+
+
+async def claimed(store: Store) -> Claim:
+    session = await store.sessions.create("/work")
+    return await store.claims.acquire(session.id, "exec_1", "owner_1")
+
+
+def attempt(claim: Claim, n: int, call_id: str = "call_1") -> ToolAttempt:
+    return ToolAttempt(claim.session_id, claim.execution_id, "msg_1", call_id, n)
+
+
+async def test_take_returns_the_attempt_that_took_the_call_before(store: Store) -> None:
+    claim = await claimed(store)
+    async with store.claims.fenced(claim) as tx:
+        assert await store.tool_runs.take(tx, attempt(claim, 1)) is None
+        assert await store.tool_runs.take(tx, attempt(claim, 3)) == 1
+        assert await store.tool_runs.take(tx, attempt(claim, 1, "call_2")) is None
+    async with store.claims.fenced(claim) as tx:
+        assert await store.tool_runs.take(tx, attempt(claim, 3)) == 3
+
+
+async def test_an_older_attempt_is_refused_and_writes_nothing(store: Store) -> None:
+    claim = await claimed(store)
+    async with store.claims.fenced(claim) as tx:
+        await store.tool_runs.take(tx, attempt(claim, 2))
+    for write in (store.tool_runs.take, store.tool_runs.check):
+        with pytest.raises(StaleAttemptError, match="tool call_1 attempt 1 after attempt 2"):
+            async with store.claims.fenced(claim) as tx:
+                await write(tx, attempt(claim, 1))
+    async with store.claims.fenced(claim) as tx:
+        await store.tool_runs.check(tx, attempt(claim, 2))
+        await store.tool_runs.check(tx, attempt(claim, 1, "call_2"))  # untaken: nothing to fence
+        assert await store.tool_runs.take(tx, attempt(claim, 2)) == 2
+
+
+async def test_the_migrations_build_the_schema_the_models_declare(store: Store) -> None:
+    async with store.db.write_engine.connect() as conn:
+        diff = await conn.run_sync(
+            lambda sync: compare_metadata(MigrationContext.configure(sync), Base.metadata)
+        )
+    assert diff == []
