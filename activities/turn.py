@@ -28,6 +28,7 @@ from activities.history import (
     to_request_messages,
 )
 from activities.providers import base as p
+from activities.providers.convert import sendable
 from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
@@ -128,7 +129,8 @@ class TurnActivities:
             messages.append(
                 p.RequestMessage(role="assistant", content=(p.TextPartIn(text=MAX_STEPS_PROMPT),))
             )
-        system = session.settings.get("system") or DEFAULT_SYSTEM
+        # Built here, not from history: it needs the same care with lone surrogates.
+        system = sendable(session.settings.get("system") or DEFAULT_SYSTEM)
         return p.ProviderRequest(
             session_id=claim.session_id,
             request_index=index,

@@ -35,6 +35,7 @@ from sessionflow import telemetry
 from sessionflow.ids import validate_id
 from sessionflow.models.common import Delivery, ModelRef, Prompt
 from sessionflow.models.drain import (
+    SESSION_ID_SEARCH_ATTRIBUTE,
     TASK_QUEUE,
     DrainInput,
     DrainStatus,
@@ -52,7 +53,7 @@ from store.events import StoredEvent
 from store.inputs import InputReceipt
 from store.sessions import SessionInfo
 
-SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword("SessionId")
+SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 WORKFLOW_TYPE = "SessionWorkflow"
 
 

@@ -41,3 +41,13 @@ async def test_a_history_already_holding_a_lone_surrogate_still_reaches_the_mode
     first, second = h.requests()
     assert first["messages"][0]["content"][0]["text"] == "old \ufffd prompt"
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
+
+
+async def test_a_system_prompt_holding_a_lone_surrogate_still_reaches_the_model(
+    h: Harness,
+) -> None:
+    sid = await h.session([{"text": "one"}], system="be \ud800 careful")
+    await h.client.prompt(sid, "Go")
+    await h.client.wait_idle(sid, timeout=30)
+    assert (await h.types(sid))[-1] == "session.execution.succeeded"
+    assert h.requests()[0]["system"] == ["be \ufffd careful"]
