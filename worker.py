@@ -31,6 +31,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from activities.compact import CompactionActivities
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
 from activities.sweep import SweepActivities
@@ -123,6 +124,7 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         session.pending_inputs,
         session.finish_step,
         turn.stream_turn,
+        CompactionActivities(runtime).compact,
         tools.run_tool,
     ]
 

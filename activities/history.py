@@ -49,6 +49,25 @@ def prompt_cache_key(session_id: str) -> str:
     return session_id
 
 
+def current_history(messages: list[Message]) -> list[Message]:
+    """What a request sees: from the last completed compaction on (DESIGN "Compaction").
+
+    What came before its boundary is in its summary and recent context; a compaction still
+    queued or failed is no message to the model.
+    """
+    boundary = -1
+    start = 0
+    for index, message in enumerate(messages):
+        if isinstance(message, CompactionMessage) and message.status == "completed":
+            at = message.boundary_seq or message.seq
+            if at > boundary:
+                boundary, start = at, index
+    if boundary < 0:
+        return messages
+    checkpoint = messages[start]
+    return [checkpoint, *(m for m in messages if m.seq > boundary and m is not checkpoint)]
+
+
 def to_request_messages(messages: list[Message], target: ModelRef) -> list[p.RequestMessage]:
     out: list[p.RequestMessage] = []
     for message in messages:

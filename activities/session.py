@@ -147,11 +147,14 @@ class SessionActivities:
             messages = await self.store.sessions.messages(sid)  # read once for both checks
             force = force or _restart_unanswered(messages)
             steer, queue = await self.store.inputs.pending_deliveries(sid)
-            if not (force or steer or queue):
+            compaction = await self.store.inputs.pending_compaction(sid)
+            if not (force or steer or queue or compaction):
                 return PrepareResult(run=False, **limits)
             stale = await self._fail_stale_tools(claim, messages)
             promotion: Promotion = "steer" if steer else "queue" if queue else None
-            return PrepareResult(run=True, promotion=promotion, stale_tools=stale, **limits)
+            return PrepareResult(
+                run=True, promotion=promotion, stale_tools=stale, compaction=compaction, **limits
+            )
 
     async def _close_dead(
         self, tx: Tx, recovery: Recovery
@@ -186,9 +189,11 @@ class SessionActivities:
 
     @activity.defn
     async def pending_inputs(self, request: PendingInput) -> PendingResult:
+        sid = request.claim.session_id
         async with translated():
-            steer, queue = await self.store.inputs.pending_deliveries(request.claim.session_id)
-        return PendingResult(steer=steer, queue=queue)
+            steer, queue = await self.store.inputs.pending_deliveries(sid)
+            compaction = await self.store.inputs.pending_compaction(sid)
+        return PendingResult(steer=steer, queue=queue, compaction=compaction)
 
     # --- step settlement ------------------------------------------------------------------------
 
@@ -293,7 +298,8 @@ class SessionActivities:
         if not needs and not request.interrupted:
             # The workflow's next question, answered here instead of by another activity.
             steer, queue = await self.store.inputs.pending_deliveries(message.session_id, tx=tx)
-            pending = PendingResult(steer=steer, queue=queue)
+            compaction = await self.store.inputs.pending_compaction(message.session_id, tx=tx)
+            pending = PendingResult(steer=steer, queue=queue, compaction=compaction)
         return FinishStepResult(
             ended=failure is None, failure=failure, needs_continuation=needs, pending=pending
         )

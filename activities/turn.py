@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -21,22 +22,27 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from temporalio import activity
 
+from activities import compaction
 from activities.history import (
     DEFAULT_SYSTEM,
     MAX_STEPS_PROMPT,
+    current_history,
     prompt_cache_key,
     to_request_messages,
 )
 from activities.providers import base as p
 from activities.providers.convert import sendable
+from activities.providers.errors import classify
+from activities.providers.limits import model_limits
 from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
 from sessionflow.models import events as ev
-from sessionflow.models.common import ModelRef, SessionError
+from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
 from store.claims import Claim
+from store.db import Tx
 from store.prepared import Prepared
 from store.schema import session_table
 from store.sessions import SessionInfo
@@ -56,6 +62,12 @@ _COUNT_REQUEST = Prepared(
 DEFAULT_AGENT = "build"
 
 
+async def count_request(tx: Tx, session_id: str) -> int:
+    """Count one provider request (inside a fenced ``tx``); returns its 0-based index."""
+    ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": session_id})
+    return int(count) - 1
+
+
 class TurnActivities:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
@@ -65,6 +77,13 @@ class TurnActivities:
         store = self.rt.store
         claim = to_claim(request.claim)
         async with translated(), heartbeating(store, request.claim):
+            if not request.skip_compaction and await self._would_overflow(claim, request):
+                # Nothing written, nothing promoted: the workflow compacts, then asks again.
+                return TurnResult(
+                    assistant_message_id=request.assistant_message_id,
+                    step=request.step,
+                    compact=True,
+                )
             session, step, index = await self._begin(claim, request)
             assert session.model is not None
             last_step = request.max_steps is not None and step >= request.max_steps
@@ -97,6 +116,27 @@ class TurnActivities:
                 span.set_attribute("tool_calls", len(result.calls))
             return result
 
+    async def _would_overflow(self, claim: Claim, request: TurnInput) -> bool:
+        """Would the next request exceed the window (less its output and buffer)?"""
+        store = self.rt.store
+        session = await store.sessions.get(claim.session_id)
+        settings = CompactionSettings.model_validate(session.settings.get("compaction") or {})
+        if not settings.auto or session.model is None:
+            return False
+        limits = model_limits(session.model)
+        if limits is None:
+            return False
+        history = current_history(await store.sessions.messages(claim.session_id))
+        added = ""
+        if request.promotion is not None:  # what the promotion is about to add, at most
+            pending = await store.inputs.pending(claim.session_id)
+            added = "\n".join(r.prompt.text for r in pending if r.prompt is not None)
+        system = session.settings.get("system") or DEFAULT_SYSTEM
+        specs = json.dumps([spec.model_dump() for spec in self.rt.tools.specs()])
+        overhead = compaction.tokens(system) + compaction.tokens(specs)
+        size = compaction.estimate(history, session.model, added, overhead)
+        return compaction.over_limit(size, limits, settings)
+
     async def _begin(self, claim: Claim, request: TurnInput) -> tuple[SessionInfo, int, int]:
         """Open the attempt in one fenced transaction: promote what is pending, record that a
         model call is in flight, count the request. Returns the session, the step (1 when a
@@ -116,14 +156,14 @@ class TurnActivities:
                 raise ValueError(f"Session {session.id} has no model; select one first")
             # A model call is in flight: a takeover must treat the step's outcome as unknown.
             await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
-            ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": claim.session_id})
-        return session, step, int(count) - 1
+            index = await count_request(tx, claim.session_id)
+        return session, step, index
 
     async def _request(
         self, claim: Claim, session: SessionInfo, model: ModelRef, index: int, last_step: bool
     ) -> p.ProviderRequest:
         messages = to_request_messages(
-            await self.rt.store.sessions.messages(claim.session_id), model
+            current_history(await self.rt.store.sessions.messages(claim.session_id)), model
         )
         if last_step:
             messages.append(
@@ -141,6 +181,15 @@ class TurnActivities:
             tool_choice="none" if last_step else None,
             prompt_cache_key=prompt_cache_key(claim.session_id),
         )
+
+
+def _overflow(event: p.StreamEvent, publisher: TurnPublisher) -> bool:
+    """A provider-error event saying the request did not fit, before any output."""
+    return (
+        isinstance(event, p.ProviderErrorEvent)
+        and not publisher.retry_evidence
+        and classify(None, event.message) == "context_overflow"
+    )
 
 
 async def _unless_shutdown(work: Coroutine[Any, Any, T]) -> T | None:
@@ -203,6 +252,11 @@ class _Stream:
                 async for event in provider.stream(provider_request):
                     if courier.done():
                         break  # it failed (a lost claim): its error is raised below
+                    if _overflow(event, publisher):
+                        # Held back (reference §4.5 step 13): compaction may still recover it.
+                        assert isinstance(event, p.ProviderErrorEvent)
+                        raw = p.ProviderError("context_overflow", event.message)
+                        break
                     ready = [call for call in publisher.handle(event) if self._available(call)]
                     if ready:
                         self.ready += ready
@@ -297,9 +351,11 @@ class _Stream:
         else:
             publisher.flush()
         await self.flush()
+        overflow = raw is not None and raw.kind == "context_overflow"
         return TurnResult(
             assistant_message_id=self.request.assistant_message_id,
             step=step,
+            overflow=overflow and not publisher.retry_evidence,
             started=publisher.step_started,
             finish=publisher.finish,
             tokens=publisher.tokens,

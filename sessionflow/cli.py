@@ -182,6 +182,18 @@ def resume(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
+def compact(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Compact the session's history at its next step boundary; prints the compaction's id."""
+
+    async def work() -> str:
+        async with session_client() as client:
+            return await client.compact(session)
+
+    input_id = run(work)
+    emit({"input_id": input_id}, as_json, input_id)
+
+
+@app.command()
 def interrupt(
     session: str,
     reason: str = typer.Option("user", "--reason"),

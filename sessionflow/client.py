@@ -33,7 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import telemetry
 from sessionflow.ids import validate_id
-from sessionflow.models.common import Delivery, ModelRef, Prompt
+from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
 from sessionflow.models.drain import (
     SESSION_ID_SEARCH_ATTRIBUTE,
     TASK_QUEUE,
@@ -158,6 +158,7 @@ class SessionClient:
         system: str | None = None,
         title: str = "",
         session_id: str | None = None,
+        compaction: CompactionSettings | dict[str, Any] | None = None,
     ) -> str:
         if max_active_tools < 1:
             raise ValueError(f"max_active_tools must be at least 1, got {max_active_tools}")
@@ -168,6 +169,9 @@ class SessionClient:
             settings["max_steps"] = max_steps
         if system:
             settings["system"] = system
+        if compaction is not None:
+            chosen = CompactionSettings.model_validate(compaction)
+            settings["compaction"] = chosen.model_dump(exclude_defaults=True)
         info = await self.store.sessions.create(
             workspace,
             session_id=session_id,
@@ -205,6 +209,16 @@ class SessionClient:
         if wake:
             await self.wake(session_id, input_id=receipt.id)
         return receipt
+
+    async def compact(self, session_id: str) -> str:
+        """Compact the session's history at its next step boundary; returns the input id.
+
+        A second request while one is pending returns the pending one's id. Prompts admitted
+        after it wait behind it (the barrier) and run in order once it is done.
+        """
+        input_id = await self.store.inputs.admit_compaction(session_id)
+        await self.wake(session_id, input_id=input_id)
+        return input_id
 
     async def wake(self, session_id: str, *, input_id: str | None = None) -> None:
         info = await self.store.sessions.get(session_id)

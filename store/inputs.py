@@ -176,6 +176,13 @@ class Inputs:
         async with self.db.read() as conn:
             return await _deliveries(conn, session_id)
 
+    async def pending_compaction(self, session_id: str, *, tx: Tx | None = None) -> str | None:
+        """The id of the session's pending compaction (the barrier), if there is one."""
+        if tx is not None:
+            return await pending_compaction(tx.conn, session_id)
+        async with self.db.read() as conn:
+            return await pending_compaction(conn, session_id)
+
     async def has_pending(self, session_id: str, delivery: Delivery) -> bool:
         """Whether a prompt of ``delivery`` could be promoted now (false behind a compaction)."""
         steer, queue = await self.pending_deliveries(session_id)

@@ -421,12 +421,14 @@ async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
         if message is not None and not isinstance(message, CompactionMessage):
             raise LifecycleConflictError(event.input_id, "not a compaction")
     if message is None:
+        if not isinstance(event, ev.CompactionEnded):
+            return  # an automatic compaction has a message once it succeeded, never before
         message = CompactionMessage(
-            id=derived_message_id(stored.id),
+            id=event.compaction_id or derived_message_id(stored.id),
             session_id=event.session_id,
             seq=stored.seq,
             time_created=stored.created,
-            reason=getattr(event, "reason", "auto") if event.input_id is None else "manual",
+            reason=event.reason,
         )
         await _insert_message(tx, stored, message)
     if isinstance(event, ev.CompactionStarted):
@@ -434,6 +436,7 @@ async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
     elif isinstance(event, ev.CompactionEnded):
         message.status, message.summary, message.recent = "completed", event.summary, event.recent
         message.reason = event.reason
+        message.boundary_seq = event.through_seq if event.through_seq is not None else stored.seq
     else:
         message.status = "failed"
     if not isinstance(event, ev.CompactionStarted) and event.input_id is not None:

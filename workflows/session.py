@@ -31,6 +31,8 @@ with workflow.unsafe.imports_passed_through():
         ClaimAndPrepareInput,
         ClaimAndPrepareResult,
         ClaimRef,
+        CompactInput,
+        CompactResult,
         DrainInput,
         DrainResume,
         DrainStatus,
@@ -132,6 +134,17 @@ CLAIM_AT_ONCE = Options(
 TURN = Options(
     timedelta(minutes=30),
     RetryPolicy(maximum_attempts=1),
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+# A compaction is idempotent per compaction id, so Temporal may retry it (a killed worker).
+COMPACT = Options(
+    timedelta(minutes=30),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=500),
+        maximum_attempts=3,
+        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
+    ),
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
@@ -444,7 +457,18 @@ class SessionWorkflow:
             return
         self.turn_timeout_s = prep.turn_timeout_s
         self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
-        await self._turns(claim, (prep.max_steps, prep.max_active_tools), prep.promotion, 1)
+        promotion = prep.promotion
+        if prep.compaction is not None:
+            pending = await self._barrier(claim, prep.compaction)
+            if not (force or pending.steer or pending.queue):
+                return
+            promotion = "steer" if pending.steer else "queue" if pending.queue else None
+        await self._turns(claim, (prep.max_steps, prep.max_active_tools), promotion, 1)
+
+    async def _barrier(self, claim: ClaimRef, compaction_id: str) -> PendingResult:
+        """Run the pending manual compaction; then what the prompts behind it may do."""
+        await self._compact(claim, compaction_id, manual=True)
+        return await self._pending(claim, None)
 
     async def _turns(
         self, claim: ClaimRef, limits: tuple[int | None, int], promotion: Promotion, step: int
@@ -462,6 +486,8 @@ class SessionWorkflow:
                     needs = (await self._pending(claim, settled)).steer
             self._check_stopping()
             pending = await self._pending(claim, settled)
+            if pending.compaction is not None:
+                pending = await self._barrier(claim, pending.compaction)
             if not (pending.steer or pending.queue):
                 return
             promotion, step = ("steer" if pending.steer else "queue"), 1
@@ -502,14 +528,20 @@ class SessionWorkflow:
     ) -> tuple[bool, int, PendingResult | None]:
         """One logical step: provider attempts with retries, tools, one settlement."""
         assistant_id = f"msg_{workflow.uuid4().hex}"
-        retry = 0
+        retry, compacted, recovered = 0, False, False
         while True:
             self.attempts += 1
             self.step, self.current_assistant, self.phase = step, assistant_id, "streaming"
             turn = TurnResult(assistant_message_id=assistant_id, step=step)
             try:
                 self._check_stopping()
-                turn = await self._stream(claim, assistant_id, step, promotion, max_steps, retry)
+                turn = await self._stream(
+                    claim, assistant_id, step, promotion, max_steps, retry, compacted
+                )
+                if turn.compact:  # nothing was asked or promoted: compact, then ask again
+                    await self._compact(claim, f"cmp_{assistant_id}_{retry}", manual=False)
+                    compacted = True
+                    continue
                 step, promotion = turn.step, None
                 outcomes = await self._settle_tools(claim, assistant_id, turn.calls)
                 # An interrupt may land just as the work finished: the SDK then hands back the
@@ -521,6 +553,13 @@ class SessionWorkflow:
                         continue  # nothing of it was durable: the same step runs again
                     return True, step, None
                 self.restarts = 0
+                if turn.overflow and not recovered:
+                    # Reference §4.4: compact once and retry the same logical step.
+                    recovered = compacted = True
+                    cid = f"cmp_{assistant_id}_overflow"
+                    if (await self._compact(claim, cid, manual=False)).outcome == "compacted":
+                        retry += 1  # the same assistant message, announced again
+                        continue
                 infrastructure = next(
                     (o.error for o in outcomes if o.status == "infrastructure"), None
                 )
@@ -549,6 +588,7 @@ class SessionWorkflow:
         promotion: Promotion,
         max_steps: int | None,
         retry: int,
+        compacted: bool = False,
     ) -> TurnResult:
         request = TurnInput(
             claim=claim,
@@ -558,6 +598,7 @@ class SessionWorkflow:
             promotion=promotion,
             max_steps=max_steps,
             retry=retry,
+            skip_compaction=compacted,
         )
         options = replace(TURN, start_to_close=timedelta(seconds=self.turn_timeout_s))
         try:
@@ -575,6 +616,23 @@ class SessionWorkflow:
             # this is never retried automatically (reference §4.6 "retry evidence").
             failed = {"raw_error": _activity_error(error), "retry_evidence": True}
             return TurnResult(**{**result.model_dump(), **failed})
+
+    async def _compact(self, claim: ClaimRef, compaction_id: str, *, manual: bool) -> CompactResult:
+        """One compaction step (DESIGN "Compaction"): the activity decides what to summarize."""
+        self.phase = "compacting"
+        self.attempts += 1  # fences out the turn before it, as a settlement does
+        request = CompactInput(
+            claim=claim, compaction_id=compaction_id, manual=manual, attempt=self.attempts
+        )
+        summary = f"compact {'(manual)' if manual else '(auto)'}"
+        try:
+            result = await call("compact", request, CompactResult, summary, COMPACT)
+        except ActivityError as error:
+            if isinstance(error.cause, CancelledError) and self.stopping:
+                raise asyncio.CancelledError() from error
+            raise
+        self._check_stopping()
+        return result
 
     async def _restart_lost(self, claim: ClaimRef, turn: TurnResult) -> FinishStepResult:
         """The turn's activity died or was handed back: close what it left, then continue.

@@ -33,7 +33,7 @@ _UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
 
 def messages_body(request: p.ProviderRequest, settings: ProviderSettings) -> dict[str, Any]:
     hosted = settings.web_search and request.tool_choice != "none"
-    limit = settings.max_output_tokens or output_limit(request.model)
+    limit = request.max_output_tokens or settings.max_output_tokens or output_limit(request.model)
     body: dict[str, Any] = {
         "model": request.model.id,
         "max_tokens": limit,

@@ -80,6 +80,8 @@ class ProviderRequest(Model):
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: Literal["auto", "none"] | None = None
     prompt_cache_key: str | None = None
+    # A cap of this request's own (a compaction's summary); the provider settings' otherwise.
+    max_output_tokens: int | None = None
 
 
 # --- the stream ---------------------------------------------------------------------------------

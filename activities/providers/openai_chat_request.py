@@ -35,10 +35,11 @@ def chat_body(request: p.ProviderRequest, settings: ProviderSettings) -> dict[st
             body["tool_choice"] = request.tool_choice
     if request.prompt_cache_key:
         body["prompt_cache_key"] = request.prompt_cache_key
-    if settings.max_output_tokens is not None:
+    limit = request.max_output_tokens or settings.max_output_tokens
+    if limit is not None:
         # OpenAI's reasoning models take only the new name; compatible servers know the old one.
         key = "max_tokens" if settings.chat_base_url else "max_completion_tokens"
-        body[key] = settings.max_output_tokens
+        body[key] = limit
     return sendable(body)
 
 

@@ -52,8 +52,9 @@ def responses_body(request: p.ProviderRequest, settings: ProviderSettings) -> di
             body["tool_choice"] = request.tool_choice
     if request.prompt_cache_key:
         body["prompt_cache_key"] = request.prompt_cache_key
-    if settings.max_output_tokens is not None:
-        body["max_output_tokens"] = settings.max_output_tokens
+    limit = request.max_output_tokens or settings.max_output_tokens
+    if limit is not None:
+        body["max_output_tokens"] = limit
     return sendable(body)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
 
 from activities.providers import base as p
+from sessionflow.models.common import Limits
 
 
 class _Strict(BaseModel):
@@ -97,6 +98,8 @@ class ScriptedTurn(_Strict):
 
 
 class Script(_Strict):
+    # Without limits the model has no known window: nothing compacts automatically.
+    limits: Limits | None = None
     turns: list[ScriptedTurn]
 
 

@@ -117,3 +117,35 @@ class FileContent(Model):
 
 
 ContentPart = TextContent | FileContent
+
+
+class Limits(Model):
+    """A model's context window and output limit, in tokens."""
+
+    context: int = Field(gt=0)
+    output: int = Field(gt=0)
+
+    @field_validator("output")
+    @classmethod
+    def _fits(cls, output: int, info: Any) -> int:
+        context = info.data.get("context")
+        if context is not None and output >= context:
+            raise ValueError(
+                f"the output limit ({output}) must be smaller than the context window ({context})"
+            )
+        return output
+
+
+class CompactionSettings(Model):
+    """How a session compacts its history (reference §4.9). Stored in the session's settings.
+
+    ``auto``: compact before a request that would not fit. ``buffer``: tokens kept free (clamped
+    to a quarter of the window for small windows). ``keep_tokens``: recent history kept verbatim
+    (default: a quarter of the window). ``model``: the summary call's model (default: the
+    session's).
+    """
+
+    auto: bool = True
+    buffer: int = Field(default=20_000, ge=0)
+    keep_tokens: int | None = Field(default=None, ge=0)
+    model: str | None = None

@@ -132,6 +132,8 @@ class PrepareResult(Model):
     max_active_tools: int = 8
     stale_tools: int = 0
     failure: SessionError | None = None
+    # A manual compaction waits at the barrier: it runs before anything else.
+    compaction: str | None = None
     # The bound on one model turn (``SESSIONFLOW_TURN_TIMEOUT_S``): the worker's setting, handed
     # to the workflow, which holds no settings of its own.
     turn_timeout_s: int = 3600
@@ -149,6 +151,7 @@ class PendingInput(Model):
 class PendingResult(Model):
     steer: bool
     queue: bool
+    compaction: str | None = None  # a pending manual compaction (prompts wait behind it)
 
 
 class TurnInput(Model):
@@ -159,6 +162,8 @@ class TurnInput(Model):
     promotion: Promotion = None
     max_steps: int | None = None
     retry: int = 0
+    # Set once the workflow compacted (or tried to) before this request: no second check.
+    skip_compaction: bool = False
 
 
 class CallRef(Model):
@@ -191,6 +196,22 @@ class TurnResult(Model):
     # it streamed is durable up to its last flush, and the step is restarted (DESIGN "A dead
     # turn is not a failed turn").
     lost: SessionError | None = None
+    # No request was made: the history would not fit the window, compact first.
+    compact: bool = False
+    # The provider said the request did not fit (before any output): compact and retry once.
+    overflow: bool = False
+
+
+class CompactInput(Model):
+    claim: ClaimRef
+    compaction_id: str  # the input id of a manual compaction, the workflow's id of an auto one
+    manual: bool = False
+    attempt: int = Field(description="fencing token, as a turn's")
+
+
+class CompactResult(Model):
+    outcome: Literal["compacted", "not-compacted", "failed"]
+    error: SessionError | None = None
 
 
 class ToolInput(Model):

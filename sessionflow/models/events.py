@@ -113,19 +113,33 @@ class CompactionAdmitted(SessionEventBase):
 class CompactionStarted(SessionEventBase):
     type: Literal["session.compaction.started"] = "session.compaction.started"
     input_id: str | None = None
+    # An automatic compaction has no input: the workflow names it (and its message).
+    compaction_id: str | None = None
+
+
+class CompactionDelta(SessionEventBase):
+    """Summary text as it streams (ephemeral, like text deltas: projections ignore it)."""
+
+    type: Literal["session.compaction.delta"] = "session.compaction.delta"
+    compaction_id: str
+    delta: str
 
 
 class CompactionEnded(SessionEventBase):
     type: Literal["session.compaction.ended"] = "session.compaction.ended"
     input_id: str | None = None
+    compaction_id: str | None = None
     reason: Literal["auto", "manual"] = "manual"
     summary: str
     recent: str = ""
+    # The newest message the summary and recent context cover: later ones follow them.
+    through_seq: int | None = None
 
 
 class CompactionFailed(SessionEventBase):
     type: Literal["session.compaction.failed"] = "session.compaction.failed"
     input_id: str | None = None
+    compaction_id: str | None = None
     error: SessionError
 
 
@@ -322,6 +336,7 @@ SessionEvent = Annotated[
     | PromptPromoted
     | CompactionAdmitted
     | CompactionStarted
+    | CompactionDelta
     | CompactionEnded
     | CompactionFailed
     | Synthetic
@@ -353,5 +368,10 @@ SessionEvent = Annotated[
 SESSION_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(SessionEvent)
 
 DELTA_TYPES: frozenset[str] = frozenset(
-    {TextDelta.event_type(), ReasoningDelta.event_type(), ToolInputDelta.event_type()}
+    {
+        TextDelta.event_type(),
+        ReasoningDelta.event_type(),
+        ToolInputDelta.event_type(),
+        CompactionDelta.event_type(),
+    }
 )

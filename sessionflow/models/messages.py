@@ -163,6 +163,9 @@ class CompactionMessage(MessageBase):
     summary: str = ""
     recent: str = ""
     status: Literal["queued", "running", "completed", "failed"] = "queued"
+    # The newest message it covers: the history a request sees is this message, then the
+    # messages after this seq (those up to it are in its summary and recent context).
+    boundary_seq: int | None = None
 
 
 Message = Annotated[

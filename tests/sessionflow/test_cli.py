@@ -238,3 +238,22 @@ async def test_dev_runs_the_stack_and_ctrl_c_stops_all_of_it(tmp_path: Path) -> 
     finally:
         if process.poll() is None:
             process.kill()
+
+
+async def test_compact_through_the_cli(cli: tuple[Cli, Harness]) -> None:
+    run, h = cli
+    model = h.script([{"text": "first answer"}], [{"text": "cli summary"}])
+    created = await run.json("new", "--workspace", str(h.workspace), "--model", model)
+    sid = created["session_id"]
+    await run.json("prompt", sid, "Hello")
+    await h.client.wait_idle(sid, timeout=30)
+    answer = await run.json("compact", sid)
+    await h.client.wait_idle(sid, timeout=30)
+    compaction = next(m for m in await h.messages(sid) if m.type == "compaction")
+    assert (compaction.id, compaction.status, compaction.summary) == (
+        answer["input_id"],
+        "completed",
+        "cli summary",
+    )
+    missing = await run.run("compact", "ses_missing")
+    assert missing.returncode == 1 and "ses_missing" in missing.stderr
