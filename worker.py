@@ -140,6 +140,7 @@ def build_worker(
     sandboxed: bool = False,
     max_concurrent_activities: int = 1000,
     turn_timeout_s: int = 3600,
+    batch_ms: int = 30,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -162,6 +163,7 @@ def build_worker(
         tools=tools or default_registry(),
         providers=providers,
         turn_timeout_s=turn_timeout_s,
+        batch_ms=batch_ms,
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
@@ -223,6 +225,7 @@ async def main() -> None:
         sandboxed=settings.workflow_sandbox,
         max_concurrent_activities=settings.max_concurrent_activities,
         turn_timeout_s=settings.turn_timeout_s,
+        batch_ms=settings.batch_ms,
     )
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()

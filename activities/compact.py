@@ -18,7 +18,7 @@ from activities.history import current_history
 from activities.providers import base as p
 from activities.providers.limits import model_limits
 from activities.runtime import Runtime, heartbeating, to_claim, translated
-from activities.turn import BATCH_SECONDS, count_request
+from activities.turn import count_request
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Limits, ModelRef, SessionError
 from sessionflow.models.drain import CompactInput, CompactResult
@@ -156,7 +156,7 @@ class CompactionActivities:
                             delta=event.delta,
                         )
                     )
-                if batch and time.monotonic() - flushed >= BATCH_SECONDS:
+                if batch and time.monotonic() - flushed >= self.rt.batch_ms / 1000:
                     await store.append(claim, batch, step_attempt=request.attempt)
                     batch, flushed = [], time.monotonic()
         except p.ProviderError as error:

@@ -55,6 +55,7 @@ class Runtime:
     tools: ToolRegistry
     providers: ProviderFactory = default_providers
     turn_timeout_s: int = 3600  # Settings.turn_timeout_s
+    batch_ms: int = 30  # Settings.batch_ms
 
 
 def to_claim(ref: ClaimRef) -> Claim:

@@ -49,7 +49,6 @@ from store.sessions import SessionInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-BATCH_SECONDS = 0.03
 SHUT_DOWN = SessionError(type="aborted", message="Step interrupted: its worker shut down")
 _COUNT_REQUEST = Prepared(
     lambda _dialect: (
@@ -306,7 +305,7 @@ class _Stream:
     async def _batch(self) -> None:
         """Tokens wait at most one batch interval after the last flush, whatever the provider
         does next (a pause must not hold back what came before it); a ready call not at all."""
-        remaining = BATCH_SECONDS - (time.monotonic() - self.last_flush)
+        remaining = self.rt.batch_ms / 1000 - (time.monotonic() - self.last_flush)
         if remaining > 0 and not self.urgent.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.urgent.wait(), remaining)

@@ -14,6 +14,9 @@ Environment variables (all optional):
   (default ``false``; the test suite always runs them there, see ``worker.build_worker``).
 - ``SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES``: model turns and tool calls one worker runs at once
   (default 1000, see ``worker.build_worker``).
+- ``SESSIONFLOW_BATCH_MS``: how long streamed tokens may wait to be written together (default
+  30): a follower sees a token at most this long after the provider produced it, whatever the
+  provider does next; a ready tool call is written at once.
 - ``SESSIONFLOW_TURN_TIMEOUT_S``: the longest one model turn may stream, in seconds (default
   3600). A turn heartbeats while it streams, so a dead worker is noticed within seconds
   whatever this is; a turn that outlives it is restarted like one whose worker died.
@@ -41,6 +44,7 @@ class Settings(BaseModel):
     workflow_sandbox: bool = False
     max_concurrent_activities: int = Field(default=1000, ge=1)
     turn_timeout_s: int = Field(default=3600, ge=1)
+    batch_ms: int = Field(default=30, ge=1, le=1000)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -55,6 +59,7 @@ class Settings(BaseModel):
             ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
             ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
             ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
+            ("batch_ms", "SESSIONFLOW_BATCH_MS"),
         ):
             if env.get(name):
                 values[field] = env[name]

@@ -84,3 +84,12 @@ def test_model_refs_parse_and_explain_bad_input() -> None:
     assert ModelRef.parse("scripted/dir/demo.json").id == "dir/demo.json"
     with pytest.raises(ValueError, match="use <provider>/<model>"):
         ModelRef.parse("gpt-5")
+
+
+def test_the_batch_interval_and_the_turn_bound_are_settings() -> None:
+    defaults = Settings.from_env({})
+    assert (defaults.batch_ms, defaults.turn_timeout_s) == (30, 3600)
+    env = {"SESSIONFLOW_BATCH_MS": "5", "SESSIONFLOW_TURN_TIMEOUT_S": "7200"}
+    assert (Settings.from_env(env).batch_ms, Settings.from_env(env).turn_timeout_s) == (5, 7200)
+    with pytest.raises(ValidationError, match="batch_ms"):
+        Settings.from_env({"SESSIONFLOW_BATCH_MS": "0"})
