@@ -61,6 +61,10 @@ _COUNT_REQUEST = Prepared(
 DEFAULT_AGENT = "build"
 
 
+class _CompactFirst(Exception):
+    """The request would not fit: roll the turn's opening back and compact first."""
+
+
 async def count_request(tx: Tx, session_id: str) -> int:
     """Count one provider request (inside a fenced ``tx``); returns its 0-based index."""
     ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": session_id})
@@ -76,14 +80,15 @@ class TurnActivities:
         store = self.rt.store
         claim = to_claim(request.claim)
         async with translated(), heartbeating(store, request.claim):
-            if not request.skip_compaction and await self._would_overflow(claim, request):
-                # Nothing written, nothing promoted: the workflow compacts, then asks again.
+            try:
+                session, step, index = await self._begin(claim, request)
+            except _CompactFirst:
+                # Rolled back: nothing written, nothing promoted. The workflow compacts first.
                 return TurnResult(
                     assistant_message_id=request.assistant_message_id,
                     step=request.step,
                     compact=True,
                 )
-            session, step, index = await self._begin(claim, request)
             assert session.model is not None
             last_step = request.max_steps is not None and step >= request.max_steps
             provider_request = await self._request(claim, session, session.model, index, last_step)
@@ -115,20 +120,19 @@ class TurnActivities:
                 span.set_attribute("tool_calls", len(result.calls))
             return result
 
-    async def _would_overflow(self, claim: Claim, request: TurnInput) -> bool:
+    async def _would_overflow(self, session: SessionInfo, request: TurnInput) -> bool:
         """Would the next request exceed the window (less its output and buffer)?"""
         store = self.rt.store
-        session = await store.sessions.get(claim.session_id)
         settings = CompactionSettings.model_validate(session.settings.get("compaction") or {})
         if not settings.auto or session.model is None:
             return False
         limits = model_limits(session.model)
         if limits is None:
             return False
-        history = current_history(await store.sessions.messages(claim.session_id))
+        history = current_history(await store.sessions.messages(session.id))
         added = ""
         if request.promotion is not None:  # what the promotion is about to add, at most
-            pending = await store.inputs.pending(claim.session_id)
+            pending = await store.inputs.pending(session.id)
             added = "\n".join(r.prompt.text for r in pending if r.prompt is not None)
         system = session.settings.get("system") or DEFAULT_SYSTEM
         specs = json.dumps([spec.model_dump() for spec in self.rt.tools.specs()])
@@ -153,6 +157,8 @@ class TurnActivities:
             session = await store.sessions.get(claim.session_id, tx=tx)
             if session.model is None:
                 raise ValueError(f"Session {session.id} has no model; select one first")
+            if not request.skip_compaction and await self._would_overflow(session, request):
+                raise _CompactFirst()  # (reads what is committed: the promotion is not yet)
             # A model call is in flight: a takeover must treat the step's outcome as unknown.
             await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
             index = await count_request(tx, claim.session_id)

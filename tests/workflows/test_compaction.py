@@ -117,7 +117,9 @@ async def test_nothing_to_summarize_is_not_compacted_and_the_drain_goes_on(h: Ha
 async def test_25_auto_compaction_summarizes_before_a_request_that_would_not_fit(
     h: Harness,
 ) -> None:
-    big = "x" * 2400  # 600 tokens: with it the next request would not fit 1000 - 400
+    # 1600 tokens: with the tool definitions (about 1500) the next request would not fit in
+    # 4000 - 1000.
+    big = "x" * 6400
     model = _limited(
         h,
         [
@@ -128,8 +130,8 @@ async def test_25_auto_compaction_summarizes_before_a_request_that_would_not_fit
             [{"text": "second summary"}],
             [{"text": "done"}],
         ],
-        context=1000,
-        output=400,
+        context=4000,
+        output=1000,
     )
     sid = await h.client.create_session(workspace=str(h.workspace), model=model, compaction=SMALL)
     await h.client.prompt(sid, "One")
