@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from temporalio import activity
 
-from activities import compaction
+from activities import compaction, context
 from activities.history import (
     DEFAULT_SYSTEM,
     MAX_STEPS_PROMPT,
@@ -81,7 +81,7 @@ class TurnActivities:
         claim = to_claim(request.claim)
         async with translated(), heartbeating(store, request.claim):
             try:
-                session, step, index = await self._begin(claim, request)
+                session, step, index, baseline = await self._begin(claim, request)
             except _CompactFirst:
                 # Rolled back: nothing written, nothing promoted. The workflow compacts first.
                 return TurnResult(
@@ -91,7 +91,9 @@ class TurnActivities:
                 )
             assert session.model is not None
             last_step = request.max_steps is not None and step >= request.max_steps
-            provider_request = await self._request(claim, session, session.model, index, last_step)
+            provider_request = await self._request(
+                claim, session, session.model, index, last_step, baseline
+            )
             publisher = TurnPublisher(
                 session_id=claim.session_id,
                 assistant_message_id=request.assistant_message_id,
@@ -140,13 +142,21 @@ class TurnActivities:
         size = compaction.estimate(history, session.model, added, overhead)
         return compaction.over_limit(size, limits, settings)
 
-    async def _begin(self, claim: Claim, request: TurnInput) -> tuple[SessionInfo, int, int]:
-        """Open the attempt in one fenced transaction: promote what is pending, record that a
-        model call is in flight, count the request. Returns the session, the step (1 when a
-        prompt was promoted) and the request's index."""
+    async def _begin(self, claim: Claim, request: TurnInput) -> tuple[SessionInfo, int, int, str]:
+        """Open the attempt in one fenced transaction: promote what is pending, reconcile the
+        context baseline, record that a model call is in flight, count the request. Returns
+        the session, the step (1 when a prompt was promoted), the request's index and the
+        baseline."""
         store = self.rt.store
         step = request.step
         async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
+            session = await store.sessions.get(claim.session_id, tx=tx)
+            if session.model is None:
+                raise ValueError(f"Session {session.id} has no model; select one first")
+            if not request.skip_compaction and await self._would_overflow(session, request):
+                raise _CompactFirst()
+            # Context changes come before what is promoted now: they happened before it.
+            baseline = await self._baseline(tx, session)
             if request.promotion is not None:
                 promoted = 0
                 if request.promotion == "queue":
@@ -154,18 +164,29 @@ class TurnActivities:
                 promoted += await store.inputs.promote_steers(tx, claim.session_id)
                 if promoted:
                     step = 1
-            session = await store.sessions.get(claim.session_id, tx=tx)
-            if session.model is None:
-                raise ValueError(f"Session {session.id} has no model; select one first")
-            if not request.skip_compaction and await self._would_overflow(session, request):
-                raise _CompactFirst()  # (reads what is committed: the promotion is not yet)
             # A model call is in flight: a takeover must treat the step's outcome as unknown.
             await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
             index = await count_request(tx, claim.session_id)
-        return session, step, index
+        return session, step, index, baseline
+
+    async def _baseline(self, tx: Tx, session: SessionInfo) -> str:
+        """The frozen system context; changes to its sources become system messages."""
+        entries = session.settings.get("context") or {}
+        now = context.sources(session.directory, entries, context.tool_settings(self.rt.tools))
+        first = session.requests == 0
+        baseline, events = context.reconcile(session.id, session.settings, now, first=first)
+        if events:
+            await self.rt.store.events.publish_many(events, tx=tx)
+        return baseline
 
     async def _request(
-        self, claim: Claim, session: SessionInfo, model: ModelRef, index: int, last_step: bool
+        self,
+        claim: Claim,
+        session: SessionInfo,
+        model: ModelRef,
+        index: int,
+        last_step: bool,
+        baseline: str,
     ) -> p.ProviderRequest:
         messages = to_request_messages(
             current_history(await self.rt.store.sessions.messages(claim.session_id)), model
@@ -180,7 +201,7 @@ class TurnActivities:
             session_id=claim.session_id,
             request_index=index,
             model=model,
-            system=(system,),
+            system=tuple(part for part in (system, baseline) if part),
             messages=tuple(messages),
             tools=() if last_step else tuple(self.rt.tools.specs()),
             tool_choice="none" if last_step else None,

@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import telemetry
 from sessionflow.ids import validate_id
+from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
 from sessionflow.models.drain import (
     SESSION_ID_SEARCH_ATTRIBUTE,
@@ -209,6 +210,22 @@ class SessionClient:
         if wake:
             await self.wake(session_id, input_id=receipt.id)
         return receipt
+
+    async def set_context(self, session_id: str, key: str, text: str) -> None:
+        """Set a context entry of the session's system context (``<context key=…>``).
+
+        The first request freezes the system context; a later change reaches the model as a
+        system message in the conversation, so the frozen part (and the provider's prompt
+        cache) stays as it was.
+        """
+        validate_id(key, "context key")
+        await self.store.sessions.get(session_id)
+        await self.store.events.publish(ev.ContextSet(session_id=session_id, key=key, text=text))
+
+    async def delete_context(self, session_id: str, key: str) -> None:
+        validate_id(key, "context key")
+        await self.store.sessions.get(session_id)
+        await self.store.events.publish(ev.ContextDeleted(session_id=session_id, key=key))
 
     async def compact(self, session_id: str) -> str:
         """Compact the session's history at its next step boundary; returns the input id.

@@ -106,6 +106,27 @@ async def _session_settings(tx: Tx, stored: StoredEvent, event: ev.SessionEventB
     await _update_session(tx, event.session_id, values)
 
 
+@handles(ev.ContextSet, ev.ContextDeleted, ev.ContextBaselined)
+async def _context(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
+    """Context entries and the frozen baseline live in the session's settings: every turn
+    reads the session anyway."""
+    settings = await _settings(tx, event.session_id)
+    if isinstance(event, ev.ContextSet):
+        settings.setdefault("context", {})[event.key] = event.text
+    elif isinstance(event, ev.ContextDeleted):
+        settings.get("context", {}).pop(event.key, None)
+    elif isinstance(event, ev.ContextBaselined):
+        settings["baseline"] = {"baseline": event.baseline, "snapshot": event.snapshot}
+    await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
+
+
+async def _settings(tx: Tx, session_id: str) -> dict[str, Any]:
+    query = sa.select(session_table.c.settings).where(session_table.c.id == session_id)
+    raw = (await tx.conn.execute(query)).scalar_one_or_none()
+    loaded = codec.loads(raw) if raw else {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 async def _inserted(tx: Tx, statement: Any) -> bool:
     """Whether an INSERT ... ON CONFLICT DO NOTHING RETURNING inserted its row.
 
@@ -437,6 +458,10 @@ async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
         message.status, message.summary, message.recent = "completed", event.summary, event.recent
         message.reason = event.reason
         message.boundary_seq = event.through_seq if event.through_seq is not None else stored.seq
+        # The baseline is rebuilt at the compaction point: the next turn freezes a new one.
+        settings = await _settings(tx, event.session_id)
+        settings["baseline"] = None  # None, not absent: rebuild, do not freeze anew
+        await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
     else:
         message.status = "failed"
     if not isinstance(event, ev.CompactionStarted) and event.input_id is not None:

@@ -40,6 +40,7 @@ class SessionInfo:
     tokens: Tokens
     time_created: int
     time_updated: int
+    requests: int = 0  # provider requests made so far (retries and summaries count)
 
 
 class Sessions:
@@ -164,6 +165,7 @@ def _info(row: Any) -> SessionInfo:
         workspace_id=row.workspace_id,
         parent_id=row.parent_id,
         settings=codec.loads(row.settings) if row.settings else {},
+        requests=int(row.request_count or 0),
         cost=float(row.cost),
         tokens=Tokens(
             input=row.tokens_input,

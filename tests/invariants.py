@@ -30,6 +30,8 @@ UNSTAMPED = {
     "session.compaction.admitted",
     "session.model.selected",
     "session.agent.selected",
+    "session.context.set",
+    "session.context.deleted",
 }
 
 

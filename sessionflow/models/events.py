@@ -143,6 +143,27 @@ class CompactionFailed(SessionEventBase):
     error: SessionError
 
 
+class ContextSet(SessionEventBase):
+    """A context entry set through the API (rendered into the system context)."""
+
+    type: Literal["session.context.set"] = "session.context.set"
+    key: str
+    text: str
+
+
+class ContextDeleted(SessionEventBase):
+    type: Literal["session.context.deleted"] = "session.context.deleted"
+    key: str
+
+
+class ContextBaselined(SessionEventBase):
+    """The session's system context as frozen (``baseline``) and its sources as last seen."""
+
+    type: Literal["session.context.baselined"] = "session.context.baselined"
+    baseline: str
+    snapshot: dict[str, str]
+
+
 class Synthetic(SessionEventBase):
     type: Literal["session.synthetic"] = "session.synthetic"
     text: str
@@ -339,6 +360,9 @@ SessionEvent = Annotated[
     | CompactionDelta
     | CompactionEnded
     | CompactionFailed
+    | ContextSet
+    | ContextDeleted
+    | ContextBaselined
     | Synthetic
     | InstructionsUpdated
     | ExecutionStarted

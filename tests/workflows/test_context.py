@@ -1,0 +1,93 @@
+"""The context baseline (reference §1.6, §8.4, runner cases #8, #18, #19, #22): frozen on the
+first step, changes arrive as chronological system messages, rebuilt after a compaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from activities.history import DEFAULT_SYSTEM
+from tests.workflows.harness import Harness
+
+
+def _system_messages(request: dict[str, Any]) -> list[str]:
+    return [m["content"][0]["text"] for m in request["messages"] if m["role"] == "system"]
+
+
+def _instructions(text: str) -> str:
+    return f'<instructions source="AGENTS.md">\n{text}\n</instructions>'
+
+
+async def _turn(h: Harness, sid: str, text: str) -> None:
+    await h.client.prompt(sid, text)
+    await h.client.wait_idle(sid, timeout=30)
+
+
+async def test_8_18_one_baseline_and_changes_as_system_messages(h: Harness) -> None:
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session([{"text": "1"}], [{"text": "2"}], [{"text": "3"}])
+    await _turn(h, sid, "first")
+    (h.workspace / "AGENTS.md").write_text("Changed context")
+    await _turn(h, sid, "second")
+    (h.workspace / "AGENTS.md").unlink()
+    await _turn(h, sid, "third")
+    first, second, third = h.requests()
+    baseline = [DEFAULT_SYSTEM, _instructions("Initial context")]
+    assert first["system"] == second["system"] == third["system"] == baseline
+    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "system", "user"]
+    (changed,) = _system_messages(second)
+    assert changed.startswith('The context under "AGENTS.md" changed and supersedes')
+    assert "Changed context" in changed
+    assert _system_messages(third)[-1] == "System context source removed: AGENTS.md"
+    types = await h.types(sid)
+    assert types.count("session.instructions.updated") == 2
+
+
+async def test_19_api_context_entries_through_their_lifecycle(h: Harness) -> None:
+    sid = await h.session([{"text": "1"}], [{"text": "2"}], [{"text": "3"}])
+    await h.client.set_context(sid, "deploy-target", "production")
+    await _turn(h, sid, "first")
+    await h.client.set_context(sid, "deploy-target", "staging")
+    await _turn(h, sid, "second")
+    await h.client.delete_context(sid, "deploy-target")
+    await _turn(h, sid, "third")
+    first, second, third = h.requests()
+    entry = '<context key="deploy-target">\nproduction\n</context>'
+    assert first["system"] == [DEFAULT_SYSTEM, entry] == third["system"]
+    (changed,) = _system_messages(second)
+    assert changed.startswith(
+        'The context under "deploy-target" changed and supersedes the previous value:'
+    )
+    assert _system_messages(third)[-1] == (
+        'The context under "deploy-target" no longer applies. Disregard it.'
+    )
+
+
+async def test_22_the_baseline_is_rebuilt_after_a_compaction(h: Harness) -> None:
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session(
+        [{"text": "1"}], [{"text": "summary"}], [{"text": "2"}], compaction={"keep_tokens": 0}
+    )
+    await _turn(h, sid, "first")
+    (h.workspace / "AGENTS.md").write_text("Replacement context")
+    await h.client.compact(sid)
+    await _turn(h, sid, "second")
+    requests = h.requests()
+    assert requests[2]["system"] == [DEFAULT_SYSTEM, _instructions("Replacement context")]
+    assert _system_messages(requests[2]) == []  # folded into the new baseline, not announced
+
+
+async def test_an_instruction_file_linking_outside_the_workspace_is_not_read(
+    h: Harness,
+) -> None:
+    secret = h.root / "outside.md"
+    secret.write_text("TOPSECRET")
+    (h.workspace / "AGENTS.md").symlink_to(secret)
+    (h.workspace / "CLAUDE.md").write_text("Claude instructions")
+    sid = await h.session([{"text": "1"}])
+    await _turn(h, sid, "first")
+    (request,) = h.requests()
+    assert "TOPSECRET" not in str(request)
+    assert request["system"] == [
+        DEFAULT_SYSTEM,
+        '<instructions source="CLAUDE.md">\nClaude instructions\n</instructions>',
+    ]
