@@ -112,13 +112,20 @@ def temporal_binary(name: str = "temporal") -> str:
     return found
 
 
-@pytest.fixture(scope="session")
-async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
+async def start_dev_server(*dynamic_config: str) -> WorkflowEnvironment:
+    """A dev server from the venv's binary, with ``key=value`` dynamic config values."""
+    extra = [arg for value in dynamic_config for arg in ("--dynamic-config-value", value)]
+    return await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,
         search_attributes=[SESSION_ID_ATTRIBUTE],
         dev_server_log_level="error",
+        dev_server_extra_args=extra,
     )
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_dev_server()
     yield env
     await env.shutdown()

@@ -16,9 +16,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from sessionflow.client import SESSION_ID_ATTRIBUTE
 from store import Store
-from tests.conftest import temporal_binary
+from tests.conftest import start_dev_server
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.reordered import ReorderedSessionWorkflow
 from workflows.session import SessionWorkflow
@@ -102,16 +101,7 @@ def test_histories_are_recorded() -> None:
 
 @pytest.fixture(scope="module")
 async def small_history_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
-        search_attributes=[SESSION_ID_ATTRIBUTE],
-        dev_server_log_level="error",
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            "limit.historyCount.suggestContinueAsNew=40",
-        ],
-    )
+    env = await start_dev_server("limit.historyCount.suggestContinueAsNew=40")
     yield env
     await env.shutdown()
 

@@ -9,28 +9,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from sessionflow.client import SESSION_ID_ATTRIBUTE
 from store import Store
-from tests.conftest import temporal_binary
+from tests.conftest import start_dev_server
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import call, harness
 
 
 @pytest.fixture(scope="module")
 async def one_signal_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
-        search_attributes=[SESSION_ID_ATTRIBUTE],
-        dev_server_log_level="error",
-        dev_server_extra_args=[
-            "--dynamic-config-value",
-            "history.maximumSignalsPerExecution=2",
-        ],
-    )
+    env = await start_dev_server("history.maximumSignalsPerExecution=2")
     yield env
     await env.shutdown()
 
