@@ -26,7 +26,7 @@ def create_app(client: SessionClient, settings: ApiSettings | None = None) -> Fa
         version="1",
         responses=errors.RESPONSES,
     )
-    app.state.client, app.state.settings, app.state.streams = client, settings, Streams()
+    app.state.client, app.state.settings, app.state.streams = client, settings, Streams(client)
     errors.install(app)
     auth = [Depends(require_token)]
     for router in (sessions.router, control.router, events.router):

@@ -36,9 +36,12 @@ async def events(
     comments every ``SESSIONFLOW_API_KEEPALIVE_S``."""
     cursor = _cursor(last_event_id) if last_event_id else after
     await client.session(session_id)  # 404 before the stream starts, not inside it
-    stream = session_stream(client, session_id, after=cursor, until_idle=until == "idle")
+    streams = request.app.state.streams
+    stream = session_stream(
+        client, session_id, after=cursor, until_idle=until == "idle", status=streams.status
+    )
     return EventSourceResponse(
-        request.app.state.streams.track(stream),
+        streams.track(stream),
         ping=settings.keepalive_s,
         send_timeout=SEND_TIMEOUT_S,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
