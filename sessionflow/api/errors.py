@@ -42,6 +42,15 @@ STATUSES: tuple[tuple[type[Exception], int], ...] = (
 HTTP_TYPES = {401: "UnauthorizedError", 403: "ForbiddenError", 404: "NotFoundError"}
 HTTP_TYPES[405] = "MethodNotAllowedError"
 _TEMPORAL_DOWN = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+# Handled where a route raised them (no traceback, no re-raise): the answer is 503, or, for one
+# that turns out not to be an outage, the 500 of a defect.
+_INFRASTRUCTURE: tuple[type[Exception], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    sa.exc.TimeoutError,
+    RPCError,
+    RuntimeError,
+)
 
 
 class ApiError(BaseModel):

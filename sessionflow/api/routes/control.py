@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response
+from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
 from sessionflow.api.deps import Client, SessionId
 from sessionflow.api.schemas import InterruptBody, PromptRequest, ResumeAnswer
@@ -39,12 +41,18 @@ async def resume(
 ) -> ResumeAnswer:
     """Run the session (or join its busy period) and answer with its outcome; if it takes
     longer than ``timeout``, answer 202 ``{"done": false}`` while the work goes on."""
+    waiting = asyncio.ensure_future(client.resume(session_id))
+    done, _ = await asyncio.wait({waiting}, timeout=timeout)
     try:
-        outcome = await asyncio.wait_for(client.resume(session_id), timeout)
-    except TimeoutError:
-        response.status_code = 202
-        return ResumeAnswer(done=False)
-    return ResumeAnswer(done=True, outcome=outcome)
+        if done:
+            return ResumeAnswer(done=True, outcome=waiting.result())
+        waiting.cancel()  # only this wait: the busy period goes on
+        with contextlib.suppress(asyncio.CancelledError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            await waiting
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        pass  # Temporal's own long-poll bound came first
+    response.status_code = 202
+    return ResumeAnswer(done=False)
 
 
 @router.post("/interrupt", response_model=Interruption)
