@@ -96,7 +96,8 @@ async def _validation(request: Request, error: Exception) -> JSONResponse:
     problems = error.errors()
     fields = [_field(problem["loc"]) for problem in problems]
     message = "; ".join(
-        f"{name or 'body'}: {problem['msg']}" for name, problem in zip(fields, problems, strict=True)
+        f"{name or 'body'}: {problem['msg']}"
+        for name, problem in zip(fields, problems, strict=True)
     )
     return error_response(422, "InvalidInputError", message, field=fields[0] if fields else None)
 

@@ -71,4 +71,3 @@ class ResumeAnswer(BaseModel):
 
     done: bool
     outcome: Outcome | None = None
-

@@ -30,10 +30,8 @@ async def prompt(session_id: SessionId, body: PromptRequest, client: Client) -> 
     )
 
 
-@router.post(
-    "/resume", response_model=ResumeAnswer, responses={202: {"model": ResumeAnswer}}
-)
-async def resume(
+@router.post("/resume", response_model=ResumeAnswer, responses={202: {"model": ResumeAnswer}})
+async def resume(  # noqa: ASYNC109 (the long-poll's bound is the API's contract)
     session_id: SessionId,
     client: Client,
     response: Response,

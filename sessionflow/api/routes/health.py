@@ -1,4 +1,4 @@
-"""``GET /healthz``: can this server reach the store and Temporal, and how many streams it serves."""
+"""``GET /healthz``: can this server reach the store and Temporal; how many streams it serves."""
 
 from __future__ import annotations
 

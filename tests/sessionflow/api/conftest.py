@@ -116,9 +116,9 @@ def ended(message: Message) -> bool:
 async def api(
     temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> AsyncIterator[Api]:
-    async with harness(temporal_env.client, store, tmp_path) as h:
-        async with (
-            running_api(h.client, ApiSettings(port=0, keepalive_s=0.2)) as url,
-            httpx.AsyncClient(base_url=url, timeout=30) as http,
-        ):
-            yield Api(h, url, http)
+    async with (
+        harness(temporal_env.client, store, tmp_path) as h,
+        running_api(h.client, ApiSettings(port=0, keepalive_s=0.2)) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        yield Api(h, url, http)

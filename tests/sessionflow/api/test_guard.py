@@ -67,8 +67,9 @@ async def test_with_a_token_every_api_route_needs_it(api: Api) -> None:
             wrong = await http.get(path, headers={"Authorization": "Bearer nope"})
             assert wrong.headers["www-authenticate"] == "Bearer"
             error(wrong, 401, "UnauthorizedError")
-        error(await http.post(f"/sessions/{sid}/prompt", json={"text": "x"}), 401,
-              "UnauthorizedError")
+        error(
+            await http.post(f"/sessions/{sid}/prompt", json={"text": "x"}), 401, "UnauthorizedError"
+        )
         bearer = {"Authorization": f"Bearer {TOKEN}"}
         assert (await http.get(f"/sessions/{sid}", headers=bearer)).json()["id"] == sid
         cookie = await http.get("/sessions", headers={"Cookie": f"sessionflow_token={TOKEN}"})
@@ -96,7 +97,9 @@ async def test_without_a_token_only_loopback_names_are_answered(api: Api) -> Non
 async def test_other_origins_cannot_change_sessions(api: Api) -> None:
     sid = (await api.http.post("/sessions", json=_new(api))).json()["id"]
     url = f"/sessions/{sid}/prompt"
-    forged = await api.http.post(url, json={"text": "rm -rf"}, headers={"Origin": "https://evil.example"})
+    forged = await api.http.post(
+        url, json={"text": "rm -rf"}, headers={"Origin": "https://evil.example"}
+    )
     assert "SESSIONFLOW_API_CORS_ORIGINS" in error(forged, 403, "ForbiddenError")
     own = api.url  # the API's own page posts with its own origin
     body = {"text": "mine", "wake": False}
@@ -149,7 +152,9 @@ def unused_port() -> int:
 async def test_an_unreachable_store_is_503(api: Api, postgres_target: Target) -> None:
     """PostgreSQL behind a proxy this test cuts: every pooled connection dies at once."""
     async with Proxy(5432) as proxy:
-        target = Target(postgres_target.url.replace(":5432/", f":{proxy.port}/"), postgres_target.schema)
+        target = Target(
+            postgres_target.url.replace(":5432/", f":{proxy.port}/"), postgres_target.schema
+        )
         store = await target.open()
         client = SessionClient(api.h.client.temporal, store, task_queue=api.h.client.task_queue)
         try:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.sessionflow.api.conftest import Api
 
 
@@ -32,14 +30,18 @@ async def test_create_read_list_and_messages(api: Api) -> None:
     info = created.json()
     sid = info["id"]
     assert created.headers["location"] == f"/sessions/{sid}"
-    assert info["model"] == {"provider_id": "scripted", "id": model.split("/", 1)[1], "variant": None}
+    assert info["model"] == {
+        "provider_id": "scripted",
+        "id": model.split("/", 1)[1],
+        "variant": None,
+    }
     assert info["settings"] == {"max_active_tools": 3, "max_steps": 5}
     assert (await api.http.get(f"/sessions/{sid}")).json() == info
     listed = (await api.http.get("/sessions", params={"search": "OVER"})).json()
     assert [s["id"] for s in listed] == [sid]
     assert (await api.http.get("/sessions", params={"search": "nothing"})).json() == []
     assert len((await api.http.get("/sessions", params={"limit": 1})).json()) == 1
-    since = (await api.http.get("/sessions", params={"updated_since": info["time_updated"] + 1}))
+    since = await api.http.get("/sessions", params={"updated_since": info["time_updated"] + 1})
     assert since.json() == []
     assert [s["id"] for s in (await api.http.get("/sessions?roots=true")).json()] == [sid]
     prompt = await api.http.post(f"/sessions/{sid}/prompt", json={"text": "Say hello"})
@@ -115,7 +117,11 @@ async def test_openapi_docs_and_health(api: Api) -> None:
     } <= paths
     assert "ErrorBody" in schema["components"]["schemas"]
     assert (await api.http.get("/docs")).status_code == 200
-    assert (await api.http.get("/healthz")).json() == {"store": True, "temporal": True, "streams": 0}
+    assert (await api.http.get("/healthz")).json() == {
+        "store": True,
+        "temporal": True,
+        "streams": 0,
+    }
 
 
 async def test_unknown_sessions_are_404_on_every_route(api: Api) -> None:
@@ -194,20 +200,37 @@ async def test_bad_session_bodies_name_the_field(api: Api) -> None:
 async def test_bad_prompts_name_the_field(api: Api) -> None:
     sid = await api.session([{"text": "x"}])
     url = f"/sessions/{sid}/prompt"
-    error(await api.http.post(url, json={"text": "x", "delivery": "now"}), 422,
-          "InvalidInputError", "delivery")
+    error(
+        await api.http.post(url, json={"text": "x", "delivery": "now"}),
+        422,
+        "InvalidInputError",
+        "delivery",
+    )
     error(await api.http.post(url, json={}), 422, "InvalidInputError", "text")
-    error(await api.http.post(url, content=b"{not json", headers={"content-type":
-          "application/json"}), 422, "InvalidInputError")
+    error(
+        await api.http.post(
+            url, content=b"{not json", headers={"content-type": "application/json"}
+        ),
+        422,
+        "InvalidInputError",
+    )
     # A body that is not declared JSON is never parsed as JSON (a cross-site form cannot post).
-    error(await api.http.post(url, content=b'{"text": "x"}', headers={"content-type":
-          "text/plain"}), 422, "InvalidInputError")
-    lone = await api.http.post(url, content=b'{"text": "bad \\ud800 text"}',
-                               headers={"content-type": "application/json"})
+    error(
+        await api.http.post(url, content=b'{"text": "x"}', headers={"content-type": "text/plain"}),
+        422,
+        "InvalidInputError",
+    )
+    lone = await api.http.post(
+        url, content=b'{"text": "bad \\ud800 text"}', headers={"content-type": "application/json"}
+    )
     assert "lone surrogate" in error(lone, 422, "UnencodableTextError")
     error(await api.http.get("/sessions", params={"limit": 0}), 422, "InvalidInputError", "limit")
-    error(await api.http.post(f"/sessions/{sid}/resume", params={"timeout": -1}), 422,
-          "InvalidInputError", "timeout")
+    error(
+        await api.http.post(f"/sessions/{sid}/resume", params={"timeout": -1}),
+        422,
+        "InvalidInputError",
+        "timeout",
+    )
     assert [e.type for e in await api.h.events(sid)] == ["session.created"]
 
 
@@ -216,8 +239,11 @@ async def test_oversized_bodies_are_refused_before_they_are_read(api: Api) -> No
     url = f"/sessions/{sid}/prompt"
     cap = 8 * 1024 * 1024
     huge = b'{"text": "' + b"x" * cap + b'"}'
-    message = error(await api.http.post(url, content=huge, headers={"content-type":
-                    "application/json"}), 413, "PayloadTooLargeError")
+    message = error(
+        await api.http.post(url, content=huge, headers={"content-type": "application/json"}),
+        413,
+        "PayloadTooLargeError",
+    )
     assert str(cap) in message
 
     async def chunks() -> Any:  # no Content-Length: the cap applies as the body arrives
@@ -226,8 +252,9 @@ async def test_oversized_bodies_are_refused_before_they_are_read(api: Api) -> No
             yield b"x" * (1024 * 1024)
         yield b'"}'
 
-    chunked = await api.http.post(url, content=chunks(), headers={"content-type":
-                                  "application/json"})
+    chunked = await api.http.post(
+        url, content=chunks(), headers={"content-type": "application/json"}
+    )
     error(chunked, 413, "PayloadTooLargeError")
     # Under the body cap but over the store's event cap (4 MiB): the store refuses it.
     big = await api.http.post(url, json={"text": "y" * (5 * 1024 * 1024)})

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from tests.sessionflow.api.conftest import Api, Message, Reader, ended, stored
+from tests.sessionflow.api.conftest import Api, Message, Reader, stored
 
 
 @asynccontextmanager
@@ -69,7 +69,9 @@ async def test_history_then_synced_then_live_events(api: Api) -> None:
     assert everything == await store_seqs(api, sid)
     assert stored(live)[-1]["type"] == "session.execution.succeeded"
     assert [m.id for m in history + live if m.event == "message"] == [str(s) for s in everything]
-    text = "".join(e["data"]["delta"] for e in stored(history + live) if e["type"].endswith("delta"))
+    text = "".join(
+        e["data"]["delta"] for e in stored(history + live) if e["type"].endswith("delta")
+    )
     assert text == "streamed before the gate and after it"
 
 
@@ -102,7 +104,9 @@ async def test_a_reconnect_with_last_event_id_mid_turn_misses_and_repeats_nothin
     assert after[-1].event == "end"
     assert seqs(after)[0] == int(cursor) + 1  # Last-Event-ID wins over ?after=
     assert seqs(before) + seqs(after) == await store_seqs(api, sid)
-    text = "".join(e["data"]["delta"] for e in stored(before + after) if e["type"].endswith("delta"))
+    text = "".join(
+        e["data"]["delta"] for e in stored(before + after) if e["type"].endswith("delta")
+    )
     assert text == "one two three four five six seven eight nine ten"
 
 
@@ -202,4 +206,3 @@ async def test_a_stream_over_the_sdk_client_cursor_matches(api: Api) -> None:
 
 async def _settled(api: Api, sid: str) -> bool:
     return (await api.h.types(sid))[-1] == "session.execution.succeeded"
-
