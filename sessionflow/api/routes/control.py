@@ -31,11 +31,12 @@ async def prompt(session_id: SessionId, body: PromptRequest, client: Client) -> 
 
 
 @router.post("/resume", response_model=ResumeAnswer, responses={202: {"model": ResumeAnswer}})
-async def resume(  # noqa: ASYNC109 (the long-poll's bound is the API's contract)
+async def resume(
     session_id: SessionId,
     client: Client,
     response: Response,
-    timeout: Annotated[float, Query(gt=0, le=3600, description="seconds to wait")] = 30.0,
+    # The long-poll's bound is part of the HTTP contract, not a cancellation scope.
+    timeout: Annotated[float, Query(gt=0, le=3600, description="seconds to wait")] = 30.0,  # noqa: ASYNC109
 ) -> ResumeAnswer:
     """Run the session (or join its busy period) and answer with its outcome; if it takes
     longer than ``timeout``, answer 202 ``{"done": false}`` while the work goes on."""
