@@ -10,7 +10,7 @@ import posixpath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sessionflow.models.common import Delivery, ModelRef, Prompt
+from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
 from sessionflow.models.drain import Outcome
 
 
@@ -22,6 +22,7 @@ class SessionSettings(Body):
     max_active_tools: int = Field(default=8, ge=1, description="tools one session runs at once")
     max_steps: int | None = Field(default=None, ge=1, description="model turns per busy period")
     system: str | None = Field(default=None, description="extra system prompt")
+    compaction: CompactionSettings | None = None
 
 
 class CreateSession(Body):
@@ -63,6 +64,12 @@ class PromptRequest(Prompt):
 class InterruptBody(Body):
     reason: str = Field(default="user", max_length=200)
     request_id: str | None = Field(default=None, description="a repeat is answered once")
+
+
+class Compaction(BaseModel):
+    """The compaction's input id: a request while one is pending answers with the pending one."""
+
+    input_id: str
 
 
 class ResumeAnswer(BaseModel):

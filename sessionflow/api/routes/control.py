@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Query, Response
 from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
 from sessionflow.api.deps import Client, SessionId
-from sessionflow.api.schemas import InterruptBody, PromptRequest, ResumeAnswer
+from sessionflow.api.schemas import Compaction, InterruptBody, PromptRequest, ResumeAnswer
 from sessionflow.client import Interruption, SessionStatus
 from store.inputs import InputReceipt
 
@@ -62,6 +62,12 @@ async def interrupt(
     ``sent``: no worker answered in time, it takes effect when one does."""
     body = body or InterruptBody()
     return await client.interrupt(session_id, body.reason, request_id=body.request_id)
+
+
+@router.post("/compact", status_code=202, response_model=Compaction)
+async def compact(session_id: SessionId, client: Client) -> Compaction:
+    """Compact the history at the next step boundary; prompts admitted after it wait for it."""
+    return Compaction(input_id=await client.compact(session_id))
 
 
 @router.get("/status", response_model=SessionStatus)

@@ -21,7 +21,10 @@ async def create_session(body: CreateSession, client: Client, response: Response
         model=body.model,
         title=body.title,
         session_id=body.session_id,
-        **body.settings.model_dump(),
+        max_active_tools=body.settings.max_active_tools,
+        max_steps=body.settings.max_steps,
+        system=body.settings.system,
+        compaction=body.settings.compaction,
     )
     response.headers["Location"] = f"/sessions/{created}"
     return await client.session(created)

@@ -114,6 +114,7 @@ async def test_openapi_docs_and_health(api: Api) -> None:
         "/sessions/{session_id}/interrupt",
         "/sessions/{session_id}/status",
         "/sessions/{session_id}/events",
+        "/sessions/{session_id}/compact",
     } <= paths
     assert "ErrorBody" in schema["components"]["schemas"]
     assert (await api.http.get("/docs")).status_code == 200
@@ -260,3 +261,24 @@ async def test_oversized_bodies_are_refused_before_they_are_read(api: Api) -> No
     big = await api.http.post(url, json={"text": "y" * (5 * 1024 * 1024)})
     error(big, 413, "PayloadTooLargeError")
     assert [e.type for e in await api.h.events(sid)] == ["session.created"]
+
+
+async def test_compact_summarizes_at_the_next_boundary(api: Api) -> None:
+    model = api.h.script([{"text": "first answer"}], [{"text": "the summary"}])
+    body = {
+        "workspace": str(api.h.workspace),
+        "model": model,
+        "settings": {"compaction": {"keep_tokens": 20, "buffer": 0}},
+    }
+    sid = (await api.http.post("/sessions", json=body)).json()["id"]
+    assert (await api.http.get(f"/sessions/{sid}")).json()["settings"]["compaction"]["buffer"] == 0
+    await api.http.post(f"/sessions/{sid}/prompt", json={"text": "One"})
+    await api.h.client.wait_idle(sid)
+    first = await api.http.post(f"/sessions/{sid}/compact")
+    assert first.status_code == 202, first.text
+    await api.h.client.wait_idle(sid)
+    messages = (await api.http.get(f"/sessions/{sid}/messages")).json()
+    (compaction,) = [m for m in messages if m["type"] == "compaction"]
+    assert compaction["id"] == first.json()["input_id"]
+    assert (compaction["status"], compaction["summary"]) == ("completed", "the summary")
+    error(await api.http.post("/sessions/ses_nope/compact"), 404, "SessionNotFoundError")
