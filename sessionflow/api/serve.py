@@ -8,12 +8,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import uvicorn
+from temporalio.client import Client
 
 from sessionflow.api.app import create_app
 from sessionflow.api.config import ApiSettings
 
-__all__ = ["ApiSettings", "running_api", "serve"]
+__all__ = ["ApiSettings", "dev_api", "running_api", "serve"]
 from sessionflow.client import SessionClient
+from sessionflow.errors import InvalidInputError
+from store import Store
 
 
 def ui_base(temporal_address: str, settings: ApiSettings) -> str:
@@ -23,13 +26,8 @@ def ui_base(temporal_address: str, settings: ApiSettings) -> str:
     return f"http://{temporal_address.rsplit(':', 1)[0]}:8233"
 
 
-@asynccontextmanager
-async def running_api(client: SessionClient, settings: ApiSettings) -> AsyncIterator[str]:
-    """Serve the API in this event loop until the block ends; yields its base URL.
-
-    The socket is bound before the block starts (port 0 picks a free one), so the URL is
-    reachable at once.
-    """
+def listen(settings: ApiSettings) -> socket.socket:
+    """The listening socket (port 0 picks a free one); ``InvalidInputError`` if it is taken."""
     settings.check_bind()
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -37,9 +35,29 @@ async def running_api(client: SessionClient, settings: ApiSettings) -> AsyncIter
     # Accepted connections inherit it. Without it a kept-alive connection's answers (headers,
     # then body: two writes) wait out the client's delayed ACK: 40 ms per request, measured.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((settings.host.strip("[]"), settings.port))
+    try:
+        sock.bind((settings.host.strip("[]"), settings.port))
+    except OSError as error:
+        sock.close()
+        raise InvalidInputError(
+            f"Cannot listen on {settings.host}:{settings.port} ({error.strerror}): pass --port "
+            f"or set SESSIONFLOW_API_PORT to a free port."
+        ) from None
     sock.listen(2048)
     sock.setblocking(False)
+    return sock
+
+
+@asynccontextmanager
+async def running_api(
+    client: SessionClient, settings: ApiSettings, *, sock: socket.socket | None = None
+) -> AsyncIterator[str]:
+    """Serve the API in this event loop until the block ends; yields its base URL.
+
+    The socket is bound before the block starts, so the URL is reachable at once.
+    """
+    sock = sock or listen(settings)
+    family = sock.family
     config = uvicorn.Config(
         create_app(client, settings),
         log_level="warning",
@@ -61,6 +79,22 @@ async def running_api(client: SessionClient, settings: ApiSettings) -> AsyncIter
         server.should_exit = True
         await task
         sock.close()
+
+
+@asynccontextmanager
+async def dev_api(
+    temporal: Client, store: Store, *, task_queue: str, temporal_ui: str
+) -> AsyncIterator[str]:
+    """The API beside the embedded stack (``sessionflow dev``, ``make demo``), over its client
+    and store: on the configured port, or on a free one when that is taken."""
+    client = SessionClient(temporal, store, task_queue=task_queue)
+    settings = ApiSettings.from_env(temporal_ui=temporal_ui)
+    try:
+        sock = listen(settings)
+    except InvalidInputError:
+        sock = listen(settings.model_copy(update={"port": 0}))
+    async with running_api(client, settings, sock=sock) as url:
+        yield url
 
 
 async def serve(
