@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: install test lint demo bench clean
 
@@ -13,8 +14,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The live page's test drives Debian's Chromium (never a downloaded browser).
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "The page test needs Debian's Chromium: sudo apt-get update && sudo apt-get install -y chromium" >&2; \
+		exit 1; \
+	fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

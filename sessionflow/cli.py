@@ -347,6 +347,7 @@ def dev(
 
     Ctrl-C stops the worker and, if this command started it, the dev server.
     """
+    from sessionflow.api.serve import dev_api
     from sessionflow.devstack import StackError, ensure_server, stop_server
 
     async def work() -> None:
@@ -372,16 +373,20 @@ def dev(
         reaper = asyncio.create_task(reap_orphans_forever())
         try:
             await ensure_sweep_schedule(client, task_queue=Options.task_queue)
-            async with build_worker(
-                client,
-                store,
-                task_queue=Options.task_queue,
-                tools=tools_from_env(settings),
-                sandboxed=settings.workflow_sandbox,
+            async with (
+                build_worker(
+                    client,
+                    store,
+                    task_queue=Options.task_queue,
+                    tools=tools_from_env(settings),
+                    sandboxed=settings.workflow_sandbox,
+                ),
+                dev_api(client, store, task_queue=Options.task_queue, temporal_ui=server.ui) as api,
             ):
                 console.print(f"Temporal UI: {server.ui}", soft_wrap=True, highlight=False)
                 console.print(f"store: {store.db.url}", soft_wrap=True, highlight=False)
                 console.print("worker running; Ctrl-C to stop")
+                console.print(f"API and live page: {api}", soft_wrap=True, highlight=False)
                 await stop.wait()
                 console.print("stopping the worker and the dev server…")
         finally:
@@ -391,6 +396,18 @@ def dev(
                 stop_server()
 
     run(work)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, "--host", help="Default 127.0.0.1 (off it, a token is needed)"),
+    port: int = typer.Option(None, "--port", help="Default 8765"),
+) -> None:
+    """Serve the HTTP API and the live session page (settings: SESSIONFLOW_API_*)."""
+    from sessionflow.api.serve import ApiSettings, serve
+
+    api = ApiSettings.from_env(host=host, port=port)
+    run(lambda: serve(Options.address, Options.database_url, Options.task_queue, api))
 
 
 @app.command()

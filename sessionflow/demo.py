@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sessionflow.api.serve import dev_api
 from sessionflow.client import SessionClient
 from sessionflow.devstack import ensure_server
 from sessionflow.models.drain import workflow_id
@@ -96,11 +97,15 @@ async def run_demo(console: Console, address: str, *, ui_port: int, state_dir: P
     script.write_text(json.dumps(demo_script(), indent=2))
     client = SessionClient(temporal, store, task_queue=DEMO_QUEUE)
     try:
-        async with build_worker(temporal, store, task_queue=DEMO_QUEUE, tools=demo_tools()):
+        async with (
+            build_worker(temporal, store, task_queue=DEMO_QUEUE, tools=demo_tools()),
+            dev_api(temporal, store, task_queue=DEMO_QUEUE, temporal_ui=server.ui) as api,
+        ):
             session_id = await client.create_session(
                 workspace=str(workspace), model=f"scripted/{script}", title="demo"
             )
             console.print(f"[bold]session[/] {session_id}  [dim]workspace {workspace}[/]")
+            console.print(f"[bold]live page[/] {api}/view/{session_id}", soft_wrap=True)
             await client.prompt(session_id, "What is in this workspace?")
             outcome = await _stream(console, client, session_id)
     finally:

@@ -4,7 +4,8 @@
     ├── InvalidInputError (also ValueError)   bad input at an edge; nothing was written
     │   ├── InvalidIdError                    an id that does not match ^[A-Za-z0-9_-]{1,128}$
     │   ├── PayloadTooLargeError             an event or prompt above the configured cap
-    │   └── UnencodableTextError             text for a model holding a lone surrogate
+    │   ├── UnencodableTextError             text for a model holding a lone surrogate
+    │   └── UnsafeBindError                  the API asked to listen off loopback without a token
     ├── NotFoundError
     │   └── SessionNotFoundError
     ├── ConflictError
@@ -68,6 +69,16 @@ class UnencodableTextError(InvalidInputError):
         self.what = what
         self.index = index
         self.code_point = code_point
+
+
+class UnsafeBindError(InvalidInputError):
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"Refusing to serve the API on {host}: off loopback every request must carry a "
+            f"token. Set SESSIONFLOW_API_TOKEN to a long random secret (clients send it as "
+            f"'Authorization: Bearer <token>'), or bind 127.0.0.1."
+        )
+        self.host = host
 
 
 class NotFoundError(SessionflowError, LookupError):

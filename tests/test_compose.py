@@ -38,7 +38,7 @@ def _validate(path: Path) -> subprocess.CompletedProcess[str]:
 def test_every_worker_variable_and_command_exists() -> None:
     config = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = config["services"]
-    assert set(services) == {"postgres", "temporal", "temporal-ui", "worker"}
+    assert set(services) == {"postgres", "temporal", "temporal-ui", "worker", "api"}
     worker = services["worker"]
     read_by_worker = set(re.findall(r"SESSIONFLOW_[A-Z_]+", _sources()))
     assert set(worker["environment"]) <= read_by_worker
@@ -53,6 +53,26 @@ def test_every_worker_variable_and_command_exists() -> None:
     assert services["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
 
 
+def test_the_api_service_is_wired_like_the_worker() -> None:
+    config = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    api, worker = config["services"]["api"], config["services"]["worker"]
+    assert set(api["environment"]) <= set(re.findall(r"SESSIONFLOW_[A-Z_]+", _sources()))
+    shared = ("SESSIONFLOW_DATABASE_URL", "SESSIONFLOW_TEMPORAL_ADDRESS", "SESSIONFLOW_TASK_QUEUE")
+    assert all(api["environment"][name] == worker["environment"][name] for name in shared)
+    command = api["command"]
+    assert command[:2] == ["sessionflow", "serve"] and "def serve(" in _cli()
+    # Off loopback it must be given a token (the server refuses to start without one).
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert "SESSIONFLOW_API_TOKEN" in api["environment"]
+    port = command[command.index("--port") + 1]
+    assert api["ports"] == [f"{port}:{port}"]
+
+
+def _cli() -> str:
+    return (ROOT / "sessionflow" / "cli.py").read_text()
+
+
 def _sources() -> str:
     files = [ROOT / "worker.py", *(ROOT / "sessionflow").glob("*.py")]
+    files += (ROOT / "sessionflow" / "api").glob("*.py")
     return "\n".join(path.read_text() for path in files)

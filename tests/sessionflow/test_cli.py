@@ -215,6 +215,7 @@ async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
 async def test_dev_runs_the_stack_and_ctrl_c_stops_all_of_it(tmp_path: Path) -> None:
     import os
     import signal
+    import urllib.request
 
     address, ui_port = f"127.0.0.1:{free_port()}", free_port()
     command = [sys.executable, "-m", "sessionflow.cli", "--temporal", address, "dev"]
@@ -227,8 +228,11 @@ async def test_dev_runs_the_stack_and_ctrl_c_stops_all_of_it(tmp_path: Path) -> 
     )
     try:
         assert process.stdout is not None
-        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(3)]
+        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(4)]
         assert any("worker running" in line for line in lines), lines
+        api = lines[-1].removeprefix("API and live page: ").strip()
+        health = await asyncio.to_thread(urllib.request.urlopen, f"{api}/healthz", timeout=10)
+        assert json.loads(health.read()) == {"store": True, "temporal": True, "streams": 0}
         server_pid = int((tmp_path / ".sessionflow" / "temporal.pid").read_text())
         os.kill(server_pid, 0)  # the dev server runs
         process.send_signal(signal.SIGINT)

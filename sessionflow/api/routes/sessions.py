@@ -1,0 +1,60 @@
+"""Sessions: create, list, read, and the projected transcript."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from sessionflow.api.deps import Client, SessionId
+from sessionflow.api.schemas import CreateSession
+from sessionflow.models.messages import Message
+from store.sessions import SessionInfo
+
+router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+
+@router.post("", status_code=201, response_model=SessionInfo)
+async def create_session(body: CreateSession, client: Client, response: Response) -> SessionInfo:
+    created = await client.create_session(
+        workspace=body.workspace,
+        model=body.model,
+        title=body.title,
+        session_id=body.session_id,
+        max_active_tools=body.settings.max_active_tools,
+        max_steps=body.settings.max_steps,
+        system=body.settings.system,
+        compaction=body.settings.compaction,
+    )
+    response.headers["Location"] = f"/sessions/{created}"
+    return await client.session(created)
+
+
+@router.get("", response_model=list[SessionInfo])
+async def list_sessions(
+    client: Client,
+    directory: str | None = None,
+    search: str | None = None,
+    roots: Annotated[bool, Query(description="only top-level sessions")] = False,
+    updated_since: Annotated[int | None, Query(description="epoch ms", ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[SessionInfo]:
+    """Sessions, most recently updated first."""
+    return await client.list_sessions(
+        directory=directory,
+        search=search,
+        roots_only=roots,
+        updated_since=updated_since,
+        limit=limit,
+    )
+
+
+@router.get("/{session_id}", response_model=SessionInfo)
+async def get_session(session_id: SessionId, client: Client) -> SessionInfo:
+    return await client.session(session_id)
+
+
+@router.get("/{session_id}/messages", response_model=list[Message])
+async def messages(session_id: SessionId, client: Client) -> list[Message]:
+    """The transcript as the store projects it: user, assistant (parts), synthetic messages."""
+    return await client.messages(session_id)

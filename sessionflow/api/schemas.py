@@ -1,0 +1,80 @@
+"""Request bodies: the SDK's keyword arguments, built from the models in ``sessionflow/models``.
+
+Responses need no models of their own: routes return what ``SessionClient`` returns
+(``SessionInfo``, ``InputReceipt``, ``Message``, ``SessionStatus``, ``Outcome``...).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
+from sessionflow.models.drain import Outcome
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionSettings(Body):
+    max_active_tools: int = Field(default=8, ge=1, description="tools one session runs at once")
+    max_steps: int | None = Field(default=None, ge=1, description="model turns per busy period")
+    system: str | None = Field(default=None, description="extra system prompt")
+    compaction: CompactionSettings | None = None
+
+
+class CreateSession(Body):
+    workspace: str = Field(description="absolute path of the directory the tools work in")
+    model: str = Field(description="<provider>/<model>, e.g. scripted/demo.json")
+    title: str = ""
+    session_id: str | None = Field(default=None, description="choose the id (idempotency)")
+    settings: SessionSettings = SessionSettings()
+
+    @field_validator("workspace")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not posixpath.isabs(value):
+            raise ValueError("the workspace must be an absolute path on the workers' hosts")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        ModelRef.parse(value)
+        return value
+
+
+class PromptRequest(Prompt):
+    """A prompt (text, files, metadata) and how to deliver it."""
+
+    delivery: Delivery = "steer"
+    input_id: str | None = Field(
+        default=None,
+        description="idempotency key: the same id and content return the same receipt, "
+        "different content under it is refused (409)",
+    )
+    wake: bool = Field(default=True, description="false: record only; it runs on the next wake")
+
+    def prompt(self) -> Prompt:
+        return Prompt(text=self.text, files=self.files, metadata=self.metadata)
+
+
+class InterruptBody(Body):
+    reason: str = Field(default="user", max_length=200)
+    request_id: str | None = Field(default=None, description="a repeat is answered once")
+
+
+class Compaction(BaseModel):
+    """The compaction's input id: a request while one is pending answers with the pending one."""
+
+    input_id: str
+
+
+class ResumeAnswer(BaseModel):
+    """``done``: the busy period ended with ``outcome``; else the wait timed out (202) and the
+    work goes on: ask again to join it."""
+
+    done: bool
+    outcome: Outcome | None = None

@@ -1,0 +1,253 @@
+// The live session page. All render state lives in the DOM (data attributes), so a reload
+// restores the transcript from sessionStorage and resumes the stream after the last seq shown;
+// a dropped connection resumes by itself (EventSource sends Last-Event-ID).
+"use strict";
+
+const root = document.querySelector("#session");
+const sid = root.dataset.session;
+const transcript = document.querySelector("#transcript");
+const stateLine = document.querySelector("#state");
+const notice = document.querySelector("#notice");
+const saved = `sessionflow:${sid}`;
+let lastSeq = -1;
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function setState(state) {
+  stateLine.dataset.state = state;
+  stateLine.textContent = state;
+}
+
+function find(selector) {
+  return transcript.querySelector(selector);
+}
+
+function assistant(messageId) {
+  let block = find(`.assistant[data-message="${CSS.escape(messageId)}"]`);
+  if (!block) {
+    block = el("div", "assistant");
+    block.dataset.message = messageId;
+    transcript.append(block);
+  }
+  return block;
+}
+
+function part(messageId, kind, ordinal) {
+  const block = assistant(messageId);
+  const key = `${kind}:${ordinal}`;
+  let node = block.querySelector(`[data-part="${CSS.escape(key)}"]`);
+  if (!node) {
+    if (kind === "reasoning") {
+      node = el("details", "reasoning");
+      node.append(el("summary", "", "reasoning"), el("div", "body"));
+    } else {
+      node = el("div", "text");
+    }
+    node.dataset.part = key;
+    block.append(node);
+  }
+  return kind === "reasoning" ? node.querySelector(".body") : node;
+}
+
+function card(messageId, callId, name) {
+  const block = assistant(messageId);
+  let node = block.querySelector(`.tool[data-call="${CSS.escape(callId)}"]`);
+  if (!node) {
+    node = el("div", "tool");
+    node.dataset.call = callId;
+    const head = el("header");
+    head.append(el("span", "name", name || "tool"), el("span", "status", "pending"),
+      el("span", "duration", ""));
+    node.append(head, el("pre", "input", ""), el("pre", "output", ""));
+    block.append(node);
+  }
+  return node;
+}
+
+function setCard(node, state, created) {
+  node.dataset.state = state;
+  node.querySelector(".status").textContent = state;
+  if (state === "running") node.dataset.started = String(created);
+  if ((state === "completed" || state === "error") && node.dataset.started) {
+    const seconds = (created - Number(node.dataset.started)) / 1000;
+    node.querySelector(".duration").textContent = `${seconds.toFixed(2)} s`;
+  }
+}
+
+function marker(text, className) {
+  transcript.append(el("div", `marker ${className || ""}`, text));
+}
+
+function contentText(content) {
+  return (content || []).filter((c) => c.type === "text").map((c) => c.text).join("\n");
+}
+
+const handlers = {
+  "session.prompt.admitted": (d) => {
+    const node = el("div", "user", d.prompt.text);
+    node.dataset.input = d.input_id;
+    node.append(el("span", "badge", d.delivery === "queue" ? "queued" : "pending"));
+    transcript.append(node);
+  },
+  "session.prompt.promoted": (d) => {
+    const badge = find(`.user[data-input="${CSS.escape(d.input_id)}"] .badge`);
+    if (badge) badge.textContent = "delivered";
+  },
+  "session.execution.started": () => setState("busy"),
+  "session.execution.succeeded": () => { setState("idle"); marker("done", "succeeded"); },
+  "session.execution.interrupted": (d) => {
+    setState("idle");
+    marker(`interrupted (${d.reason})`, "interrupted");
+  },
+  "session.execution.failed": (d) => {
+    setState("idle");
+    marker(`failed: ${d.error.message}`, "error failed");
+  },
+  "session.step.started": (d) => assistant(d.assistant_message_id),
+  "session.text.delta": (d) => {
+    part(d.assistant_message_id, "text", d.ordinal).textContent += d.delta;
+  },
+  "session.text.ended": (d) => {
+    part(d.assistant_message_id, "text", d.ordinal).textContent = d.text;
+  },
+  "session.reasoning.delta": (d) => {
+    part(d.assistant_message_id, "reasoning", d.ordinal).textContent += d.delta;
+  },
+  "session.reasoning.ended": (d) => {
+    part(d.assistant_message_id, "reasoning", d.ordinal).textContent = d.text;
+  },
+  "session.tool.input.started": (d) => card(d.assistant_message_id, d.call_id, d.name),
+  "session.tool.input.delta": (d) => {
+    card(d.assistant_message_id, d.call_id).querySelector(".input").textContent += d.delta;
+  },
+  "session.tool.called": (d, e) => {
+    const node = card(d.assistant_message_id, d.call_id, d.name);
+    node.querySelector(".name").textContent = d.name;
+    node.querySelector(".input").textContent = JSON.stringify(d.input, null, 2);
+    setCard(node, d.executed ? "completed" : "running", e.created);
+  },
+  "session.tool.progress": (d) => {
+    const output = card(d.assistant_message_id, d.call_id).querySelector(".output");
+    output.textContent = contentText(d.content) || output.textContent;
+  },
+  "session.tool.success": (d, e) => {
+    const node = card(d.assistant_message_id, d.call_id);
+    node.querySelector(".output").textContent = d.output ?? contentText(d.content);
+    setCard(node, "completed", e.created);
+  },
+  "session.tool.failed": (d, e) => {
+    const node = card(d.assistant_message_id, d.call_id);
+    const output = node.querySelector(".output");
+    output.textContent = d.error.message;
+    output.classList.add("error");
+    setCard(node, "error", e.created);
+  },
+  "session.step.failed": (d) => {
+    assistant(d.assistant_message_id).append(el("div", "error", `${d.error.type}: ${d.error.message}`));
+  },
+  "session.retry.scheduled": (d) => marker(`retrying (attempt ${d.attempt}): ${d.error.message}`),
+  "session.synthetic": (d) => marker(d.text || "note"),
+  "session.compaction.started": () => marker("compacting the history…"),
+  "session.compaction.ended": () => marker("history compacted"),
+  "session.compaction.failed": (d) => marker(`compaction failed: ${d.error.message}`, "error"),
+};
+
+function render(event) {
+  const handler = handlers[event.type];
+  if (handler) handler(event.data, event);
+}
+
+function restore() {
+  const state = JSON.parse(sessionStorage.getItem(saved) || "null");
+  if (state && Number.isInteger(state.seq)) {
+    transcript.innerHTML = state.html;  // our own serialization: text went in as textContent
+    lastSeq = state.seq;
+    root.dataset.seq = String(lastSeq);
+    setState(state.state || "connecting");
+  }
+}
+
+function follow() {
+  const source = new EventSource(`/sessions/${encodeURIComponent(sid)}/events?after=${lastSeq}`);
+  source.onmessage = (message) => {
+    const event = JSON.parse(message.data);
+    if (event.seq <= lastSeq) return;
+    lastSeq = event.seq;
+    root.dataset.seq = String(lastSeq);
+    render(event);
+  };
+  source.addEventListener("synced", () => {
+    root.dataset.synced = "true";
+    refreshState();
+  });
+  source.onerror = () => setState("reconnecting");
+}
+
+async function refreshState() {
+  const asked = lastSeq;
+  const answer = await fetch(`/sessions/${encodeURIComponent(sid)}/status`);
+  const status = answer.ok ? await answer.json() : null;
+  // An event that arrived meanwhile is newer than this answer.
+  if (status && lastSeq === asked) setState(status.busy ? "busy" : "idle");
+}
+
+async function post(path, body) {
+  const answer = await fetch(`/sessions/${encodeURIComponent(sid)}/${path}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const payload = await answer.json();
+  if (!answer.ok) throw new Error(payload.error ? payload.error.message : answer.statusText);
+  return payload;
+}
+
+function inputId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return "msg_web_" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// One id per prompt: a retry after an error admits it at most once.
+let pendingId = inputId();
+document.querySelector("#prompt").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const form = new FormData(e.target);
+  notice.textContent = "";
+  try {
+    await post("prompt", { text: form.get("text"), delivery: form.get("delivery"), input_id: pendingId });
+    pendingId = inputId();
+    e.target.reset();
+  } catch (error) {
+    notice.textContent = error.message;
+  }
+});
+
+document.querySelector("#interrupt").addEventListener("click", async () => {
+  notice.textContent = "";
+  try {
+    const answer = await post("interrupt", { reason: "user" });
+    if (answer.status !== "stopped") notice.textContent = `interrupt: ${answer.status}`;
+  } catch (error) {
+    notice.textContent = error.message;
+  }
+});
+
+setInterval(() => {
+  for (const node of transcript.querySelectorAll('.tool[data-state="running"]')) {
+    const seconds = (Date.now() - Number(node.dataset.started)) / 1000;
+    node.querySelector(".duration").textContent = `${Math.max(seconds, 0).toFixed(1)} s`;
+  }
+}, 250);
+
+window.addEventListener("pagehide", () => {
+  const state = { seq: lastSeq, html: transcript.innerHTML, state: stateLine.dataset.state };
+  sessionStorage.setItem(saved, JSON.stringify(state));
+});
+
+restore();
+follow();

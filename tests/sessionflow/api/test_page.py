@@ -1,0 +1,125 @@
+"""The live page in a real browser: Debian's headless Chromium, driven by Playwright.
+
+Nothing is downloaded: Playwright drives ``/usr/bin/chromium`` (``apt-get install chromium``;
+``make test`` installs it when missing). Without it this test fails, saying what to run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from sessionflow.api.config import ApiSettings
+from sessionflow.api.serve import running_api
+from tests.sessionflow.api.conftest import Api
+from tests.workflows.harness import call
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+UI = "http://127.0.0.1:8233"
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    if not shutil.which(CHROMIUM):
+        pytest.fail(
+            f"{CHROMIUM} is missing: run `apt-get update && apt-get install -y chromium` "
+            f"(as root), or `make test`, which installs it"
+        )
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=FLAGS
+        )
+        yield launched
+        await launched.close()
+
+
+def _script(api: Api) -> list[list[dict[str, Any]]]:
+    tools = api.h.gate_file("tools")
+    return [
+        [
+            {"reasoning": "Thinking it over.", "chunks": 2},
+            {"text": "Streaming before the gate.", "chunks": 5, "delay_ms": 20},
+            {"wait_for_file": api.h.gate_file("text")},
+            *[call(f"call_{i}", "gate", text=f"output {i}", gate=tools) for i in range(5)],
+        ],
+        [
+            {"text": "All five tools are done.", "chunks": 3},
+            {"wait_for_file": api.h.gate_file("never")},
+        ],
+    ]
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_the_live_page(api: Api, browser: Browser) -> None:
+    sid = await api.session(*_script(api))
+    async with running_api(api.h.client, ApiSettings(port=0, temporal_ui=UI)) as url:
+        page = await browser.new_page()
+        try:
+            await _walk_through(api, page, url, sid)
+        finally:
+            await page.close()
+
+
+async def _walk_through(api: Api, page: Page, url: str, sid: str) -> None:
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if "/events" in r.url else None)
+    await page.goto(f"{url}/")
+    await expect(page.locator(f'#sessions a[href="/view/{sid}"]')).to_be_visible()
+    await page.goto(f"{url}/view/{sid}")
+    link = page.locator("#temporal")
+    assert await link.get_attribute("href") == f"{UI}/namespaces/default/workflows/session-{sid}"
+    await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+
+    await page.fill("#prompt textarea", "Look around")
+    await page.click("#send")
+    text = page.locator(".assistant .text").first
+    await expect(text).to_have_text("Streaming before the gate.")  # the turn waits at its gate
+    assert "session.step.ended" not in await api.h.types(sid)
+    await expect(page.locator("details.reasoning")).not_to_have_attribute("open", "")
+
+    await page.reload()  # mid-turn: the page resumes after the last seq it had shown
+    await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+    shown = int(await page.locator("#session").get_attribute("data-seq") or -1)
+    assert streams[0].endswith("after=-1") and streams[-1].endswith(f"after={shown}")
+    assert shown > 0
+    api.h.open_gate("text")
+    running = page.locator('.tool[data-state="running"]')
+    await expect(running).to_have_count(5)  # all five at once: their gate is still closed
+    await expect(running.first.locator(".duration")).to_have_text(lambda_seconds())
+    api.h.open_gate("tools")
+    await expect(page.locator('.tool[data-state="completed"]')).to_have_count(5)
+    for i in range(5):
+        card = page.locator(f'.tool[data-call="call_{i}"]')
+        await expect(card.locator(".output")).to_have_text(f"output {i}")
+        await expect(card.locator(".duration")).to_have_text(lambda_seconds())
+
+    await expect(page.locator(".assistant .text").nth(1)).to_have_text("All five tools are done.")
+    await expect(page.locator("#state")).to_have_text("busy")
+    await page.click("#interrupt")
+    await expect(page.locator(".marker.interrupted")).to_have_count(1)
+    await expect(page.locator("#state")).to_have_text("idle")
+
+    transcript = await page.locator("#transcript").inner_text()
+    for once in ("Look around", "Streaming before the gate.", "All five tools are done."):
+        assert transcript.count(once) == 1, transcript
+    await expect(page.locator(".user .badge")).to_have_text("delivered")
+    assert (await api.h.types(sid))[-1] == "session.execution.interrupted"
+
+
+def lambda_seconds() -> Any:
+    import re
+
+    return re.compile(r"^\d+\.\d+ s$")
