@@ -17,10 +17,10 @@ Invariants (DESIGN "The claim"):
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
@@ -31,11 +31,12 @@ from sessionflow.errors import (
     StaleAttemptError,
 )
 from sessionflow.ids import validate_id
-from store.db import Connection, Database, Stamp, Tx
+from store.db import Connection, Database, Stamp, Tx, retry_conflicts
 from store.dialect import DialectName, for_update, insert, now_ms
 from store.prepared import Prepared
 from store.schema import execution_table, recovery_table, session_table
 
+T = TypeVar("T")
 Phase = Literal["ready", "unknown", "continue"]
 _x = execution_table.c
 
@@ -88,11 +89,15 @@ class Claims:
         one is taken over in the same transaction, which records a recovery row for the dead
         execution. Acquiring again for the same live execution and owner returns its claim.
         """
-        async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
-            claim,
-            _tx,
-        ):
-            return claim
+
+        async def once() -> Claim:
+            async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
+                claim,
+                _tx,
+            ):
+                return claim
+
+        return await retry_conflicts(once)
 
     @asynccontextmanager
     async def acquiring(
@@ -193,13 +198,11 @@ class Claims:
 
     async def renew(self, claim: Claim) -> Claim:
         """Extend a live claim by its lease; ``ClaimLostError`` if it is not live any more."""
-        async with self.db.write() as tx:
-            return await self._renew_in(tx, claim, None)
+        return await self.db.transact(lambda tx: self._renew_in(tx, claim, None))
 
     async def release(self, claim: Claim) -> None:
         """Delete the claim (same fence); ``ClaimLostError`` if it was not live."""
-        async with self.db.write() as tx:
-            await self.release_in(tx, claim)
+        await self.db.transact(lambda tx: self.release_in(tx, claim))
 
     async def release_in(self, tx: Tx, claim: Claim) -> None:
         """``release`` inside ``tx``: the claim goes when (and only if) ``tx`` commits."""
@@ -221,8 +224,11 @@ class Claims:
         step_attempt: int | None = None,
     ) -> Claim:
         """Record what the execution is doing, so a takeover knows how to recover it."""
-        async with self.fenced(claim, step_attempt=step_attempt) as tx:
+
+        async def record(tx: Tx) -> None:
             await self.record_phase(tx, claim, phase, assistant_message_id)
+
+        await self.run_fenced(claim, record, step_attempt=step_attempt)
         return replace(claim, phase=phase, assistant_message_id=assistant_message_id)
 
     async def record_phase(
@@ -259,6 +265,22 @@ class Claims:
         async with self.db.write(stamp=Stamp(claim.execution_id, claim.epoch)) as tx:
             await self._renew_in(tx, claim, step_attempt)
             yield tx
+
+    async def run_fenced(
+        self,
+        claim: Claim,
+        work: Callable[[Tx], Awaitable[T]],
+        *,
+        step_attempt: int | None = None,
+    ) -> T:
+        """``work`` in a ``fenced`` transaction, run again from the start after a serialization
+        failure or a deadlock (``Database.transact``); ``work`` must touch nothing but its tx."""
+
+        async def fenced_work(tx: Tx) -> T:
+            await self._renew_in(tx, claim, step_attempt)
+            return await work(tx)
+
+        return await self.db.transact(fenced_work, stamp=Stamp(claim.execution_id, claim.epoch))
 
     async def _renew_in(self, tx: Tx, claim: Claim, step_attempt: int | None) -> Claim:
         params: dict[str, Any] = {

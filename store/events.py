@@ -146,8 +146,7 @@ class EventStore:
         prepared = self._prepare(event, id, created)
         if tx is not None:
             return (await self._append(tx, [prepared], commit))[0]
-        async with self.db.write() as own:
-            return (await self._append(own, [prepared], commit))[0]
+        return (await self.db.transact(lambda own: self._append(own, [prepared], commit)))[0]
 
     async def publish_many(
         self, events: Iterable[Event | tuple[Event, str]], *, tx: Tx | None = None
@@ -163,8 +162,7 @@ class EventStore:
             return []
         if tx is not None:
             return await self._append(tx, prepared, None)
-        async with self.db.write() as own:
-            return await self._append(own, prepared, None)
+        return await self.db.transact(lambda own: self._append(own, prepared, None))
 
     def has_projector(self, cls: type[Event]) -> bool:
         return cls in self._projectors
@@ -354,8 +352,9 @@ class EventStore:
                 f"Aggregate mismatch: expected {serialized.aggregate_id}, got {aggregate}"
             )
         prepared = self._prepare(event, serialized.id, serialized.created or 0)
-        async with self.db.write() as tx:
-            return await self._replay(tx, prepared, serialized.seq, owner_id, strict_owner, publish)
+        return await self.db.transact(
+            lambda tx: self._replay(tx, prepared, serialized.seq, owner_id, strict_owner, publish)
+        )
 
     async def _replay(
         self,
@@ -466,12 +465,12 @@ class EventStore:
 
     async def claim(self, aggregate_id: str, owner_id: str) -> None:
         """Make ``owner_id`` the replication owner (last writer wins; no row is created)."""
-        async with self.db.write() as tx:
-            await self._set_owner(tx, aggregate_id, owner_id)
+        await self.db.transact(lambda tx: self._set_owner(tx, aggregate_id, owner_id))
 
     async def remove(self, aggregate_id: str) -> None:
         """Delete an aggregate's events and sequence; a replay may then start again at 0."""
-        async with self.db.write() as tx:
+
+        async def remove(tx: Tx) -> None:
             await tx.conn.execute(
                 event_table.delete().where(event_table.c.aggregate_id == aggregate_id)
             )
@@ -479,11 +478,14 @@ class EventStore:
                 sequence_table.delete().where(sequence_table.c.aggregate_id == aggregate_id)
             )
 
+        await self.db.transact(remove)
+
     async def reserve_sequence(self, aggregate_id: str, seq: int, *, tx: Tx | None = None) -> None:
         """Raise the aggregate's sequence to at least ``seq`` without events (used by fork)."""
         if tx is None:
-            async with self.db.write() as own:
-                return await self.reserve_sequence(aggregate_id, seq, tx=own)
+            return await self.db.transact(
+                lambda own: self.reserve_sequence(aggregate_id, seq, tx=own)
+            )
         statement = insert(tx.dialect, sequence_table).values(aggregate_id=aggregate_id, seq=seq)
         await tx.conn.execute(
             statement.on_conflict_do_update(

@@ -21,7 +21,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import make_url
 
-from store.db import SQLITE_BUSY_TIMEOUT_MS, Database
+from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts
+from store.dialect import store_error
 
 IDLE = TransactionStatus.IDLE
 _SQLITE_NOW = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
@@ -156,8 +157,7 @@ class PostgresWriter:
     """
 
     def __init__(self, db: Database, *, size: int = 4) -> None:
-        self.conninfo = db.psycopg_conninfo
-        self.options = f"-csearch_path={db.schema}" if db.schema else None
+        self.conninfo = db.psycopg_conninfo  # pinned isolation, bounded waits, search path
         self.size = size
         self._idle: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
         self._opened = 0
@@ -168,10 +168,7 @@ class PostgresWriter:
             self._opened += 1
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.conninfo,
-                    autocommit=True,
-                    options=self.options,
-                    application_name="sessionflow-append",
+                    self.conninfo, autocommit=True, application_name="sessionflow-append"
                 )
             except BaseException:
                 self._opened -= 1
@@ -183,7 +180,10 @@ class PostgresWriter:
     async def append(
         self, fence: dict[str, Any], rows: list[dict[str, Any]], channel: str
     ) -> int | None:
-        """The fenced append; the last seq written, or None if the fence refused it."""
+        """The fenced append; the last seq written, or None if the fence refused it.
+
+        One statement is one transaction: one the database aborted as a conflict runs again.
+        """
         params = {
             **fence,
             "agg": rows[0]["aggregate_id"],
@@ -194,12 +194,20 @@ class PostgresWriter:
             "datas": [row["data"] for row in rows],
             "channel": channel,
         }
+        return await retry_conflicts(lambda: self._execute(params))
+
+    async def _execute(self, params: dict[str, Any]) -> int | None:
         conn = await self._checkout()
         healthy = False
         try:
             cursor = await conn.execute(_PG_APPEND, params, prepare=True)
             row = await cursor.fetchone()
             healthy = True
+        except psycopg.Error as error:
+            typed = store_error(error)
+            if typed is None:
+                raise
+            raise typed from error
         finally:
             if healthy or (not conn.closed and conn.info.transaction_status == IDLE):
                 self._idle.put_nowait(conn)

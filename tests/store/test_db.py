@@ -1,0 +1,138 @@
+"""Transactions and migrations (``store.db``) against what the database does to them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import psycopg
+import pytest
+
+from sessionflow.errors import TransactionConflictError
+from sessionflow.models import events as ev
+from store import Store, open_store
+from store.claims import Claim
+from tests.conftest import Target
+from tests.store.conftest import libpq
+
+
+async def test_admissions_stay_read_committed_when_the_database_default_is_not(
+    own_database: str,
+) -> None:
+    with psycopg.connect(libpq(own_database), autocommit=True) as conn:
+        database = conn.info.dbname
+        conn.execute(
+            f"ALTER DATABASE \"{database}\" SET default_transaction_isolation = 'repeatable read'"
+        )
+    store = await open_store(own_database)
+    try:
+        sid = (await store.sessions.create("/work")).id
+        receipts = await asyncio.gather(*(store.inputs.admit(sid, f"p{i}") for i in range(20)))
+        assert sorted(r.admitted_seq for r in receipts) == list(range(1, 21))
+        claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+        batches = await asyncio.gather(
+            *(
+                store.append(
+                    claim,
+                    [ev.TextDelta(session_id=sid, assistant_message_id="m", ordinal=0, delta="x")],
+                )
+                for _ in range(20)
+            )
+        )
+        assert sorted(b[0].seq for b in batches) == list(range(21, 41))
+    finally:
+        await store.close()
+
+
+async def test_every_connection_is_pinned_to_read_committed(own_database: str) -> None:
+    with psycopg.connect(libpq(own_database), autocommit=True) as conn:
+        database = conn.info.dbname
+        conn.execute(
+            f"ALTER DATABASE \"{database}\" SET default_transaction_isolation = 'serializable'"
+        )
+    store: Store = await open_store(own_database)
+    try:
+        async with store.db.read() as read:
+            level = (await read.exec_driver_sql("SHOW transaction_isolation")).scalar_one()
+        async with await psycopg.AsyncConnection.connect(store.db.psycopg_conninfo) as raw:
+            row = await (await raw.execute("SHOW transaction_isolation")).fetchone()
+        assert (level, row) == ("read committed", ("read committed",))
+    finally:
+        await store.close()
+
+
+# A fault injector in the database itself (catalogue C6): once armed, the next ``failures``
+# event rows inserted raise ``sqlstate``, aborting their transaction as the database would.
+FAULTS = """
+CREATE SEQUENCE fault_count;
+CREATE TABLE fault_plan (failures bigint NOT NULL, sqlstate text NOT NULL);
+INSERT INTO fault_plan VALUES (0, '40001');
+CREATE FUNCTION inject_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE plan fault_plan;
+BEGIN
+  SELECT * INTO plan FROM fault_plan;
+  IF nextval('fault_count') <= plan.failures THEN
+    RAISE EXCEPTION 'injected fault' USING ERRCODE = plan.sqlstate;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER inject_fault BEFORE INSERT ON event FOR EACH ROW EXECUTE FUNCTION inject_fault();
+"""
+
+
+async def faulty_store(target: Target) -> tuple[Store, str, Claim]:
+    store = await target.open()
+    sid = (await store.sessions.create("/work")).id
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+    async with store.db.write() as tx:
+        await tx.conn.exec_driver_sql(FAULTS)
+    return store, sid, claim
+
+
+async def arm(store: Store, failures: int, sqlstate: str) -> None:
+    async with store.db.write() as tx:
+        await tx.conn.exec_driver_sql(
+            "UPDATE fault_plan SET failures = %(n)s, sqlstate = %(code)s",
+            {"n": failures, "code": sqlstate},
+        )
+        await tx.conn.exec_driver_sql("SELECT setval('fault_count', 1, false)")
+
+
+def writes(store: Store, sid: str, claim: Claim) -> list[Callable[[], Awaitable[object]]]:
+    """A write each way into the store: its own transaction, the hot path, the fenced path."""
+    delta = ev.TextDelta(session_id=sid, assistant_message_id="m", ordinal=0, delta="x")
+    return [
+        lambda: store.events.publish(ev.Synthetic(session_id=sid, text="p")),
+        lambda: store.append(claim, [delta]),
+        lambda: store.append(claim, [ev.Synthetic(session_id=sid, text="f")]),
+    ]
+
+
+@pytest.mark.parametrize("sqlstate", ["40001", "40P01"])
+async def test_serialization_failures_and_deadlocks_are_retried(
+    postgres_target: Target, sqlstate: str
+) -> None:
+    store, sid, claim = await faulty_store(postgres_target)
+    try:
+        for write in writes(store, sid, claim):
+            await arm(store, 2, sqlstate)
+            await write()  # the first two attempts are aborted, the third commits
+        assert await store.events.latest_sequence(sid) == 3
+    finally:
+        await store.close()
+
+
+async def test_a_conflict_that_persists_is_a_typed_error_and_writes_nothing(
+    postgres_target: Target,
+) -> None:
+    store, sid, claim = await faulty_store(postgres_target)
+    try:
+        await arm(store, 1_000_000, "40001")
+        for write in writes(store, sid, claim):
+            with pytest.raises(TransactionConflictError) as conflict:
+                await write()
+            assert (conflict.value.sqlstate, conflict.value.attempts) == ("40001", 5)
+            assert "Retry the operation" in str(conflict.value)
+        assert await store.events.latest_sequence(sid) == 0
+    finally:
+        await store.close()
