@@ -39,6 +39,9 @@ T = TypeVar("T")
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x5E55_F10
+# A migration may wait for another process's and run DDL for longer than the lease bounds
+# everything else by; it runs once, when the store opens, under no claim.
+MIGRATION_STATEMENT_TIMEOUT_MS = 300_000
 DEFAULT_LEASE_MS = 30_000
 CONFLICT_ATTEMPTS = 5
 
@@ -352,15 +355,21 @@ class Database:
             yield
 
     async def migrate(self) -> None:
-        """Apply every Alembic migration (``upgrade head``), once even under concurrent opens."""
-        if self.dialect == "postgresql" and self.schema:
-            async with self.write_engine.begin() as conn:
-                await conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        """Apply every Alembic migration (``upgrade head``), once even under concurrent opens.
+
+        On PostgreSQL all of it, creating the schema too, runs in one transaction under an
+        advisory lock taken first: ``CREATE SCHEMA IF NOT EXISTS`` is no guard against a
+        concurrent creator (the loser hits a unique violation in ``pg_namespace``).
+        """
         async with self.serialized(), self.write_engine.connect() as conn, conn.begin():
             if self.dialect == "postgresql":
+                timeout = f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}"
+                await conn.exec_driver_sql(timeout)
                 await conn.execute(
                     sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
                 )
+                if self.schema:
+                    await conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             await conn.run_sync(_upgrade)
 
     async def dispose(self) -> None:

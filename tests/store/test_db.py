@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 
 import psycopg
@@ -12,8 +13,25 @@ from sessionflow.errors import TransactionConflictError
 from sessionflow.models import events as ev
 from store import Store, open_store
 from store.claims import Claim
+from store.db import Database
 from tests.conftest import Target
 from tests.store.conftest import libpq
+
+OPENERS = 6
+ROUNDS = 5
+
+
+async def test_engines_opening_one_fresh_schema_at_once_all_succeed(postgres_url: str) -> None:
+    for _ in range(ROUNDS):
+        schema = f"t_fresh_{uuid.uuid4().hex[:12]}"
+        databases = [Database(postgres_url, schema=schema) for _ in range(OPENERS)]
+        try:
+            await asyncio.gather(*(db.migrate() for db in databases))
+        finally:
+            for db in databases:
+                await db.dispose()
+            with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 async def test_admissions_stay_read_committed_when_the_database_default_is_not(
