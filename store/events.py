@@ -14,6 +14,7 @@ refused. Replay implements reference §2.4, owner fencing included.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from sessionflow.errors import (
     InvalidDurableEventError,
     PayloadTooLargeError,
     SequenceConflictError,
+    StoreError,
 )
 from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
@@ -287,9 +289,14 @@ class EventStore:
         return {row.id: row for row in (await conn.execute(query)).all()}
 
     async def _allocate(self, tx: Tx, counts: Counter[str]) -> dict[str, tuple[int, int]]:
-        """Reserve ``n`` seqs per aggregate; returns the last reserved seq and ``n``."""
+        """Reserve ``n`` seqs per aggregate; returns the last reserved seq and ``n``.
+
+        The sequence rows are locked in aggregate id order, whatever the batch's order: two
+        batches over the same aggregates then wait for each other instead of deadlocking.
+        """
         last: dict[str, tuple[int, int]] = {}
-        for agg, n in counts.items():
+        for agg in sorted(counts):
+            n = counts[agg]
             ((seq,),) = await _ALLOCATE.rows(tx.conn, tx.dialect, {"agg": agg, "n": n})
             last[agg] = (int(seq), n)
         return last
@@ -298,16 +305,10 @@ class EventStore:
         try:
             await _INSERT.many(tx.conn, tx.dialect, rows)
         except INTEGRITY_ERRORS as error:
-            if not is_unique_violation(error):
+            typed = unique_violation_error(error, rows)
+            if typed is None:
                 raise
-            first = rows[0]
-            text = str(getattr(error, "orig", error))
-            if "pk_event" in text or "event.id" in text:
-                raise InvalidDurableEventError(
-                    f"Event {first['id']} already exists (committed concurrently); "
-                    f"retry the publish to get the stored event"
-                ) from error
-            raise SequenceConflictError(first["aggregate_id"], first["seq"]) from error
+            raise typed from error
         if tx.dialect == "postgresql":
             latest: dict[str, int] = {}
             for row in rows:
@@ -595,6 +596,28 @@ class EventStore:
                 yield event
             cursor = page.cursor if page.cursor > cursor else target
         yield Synced(aggregate_id, target if target >= 0 else None)
+
+
+def unique_violation_error(
+    error: BaseException, rows: Sequence[dict[str, Any]]
+) -> StoreError | None:
+    """The typed error for a unique violation inserting event ``rows``, else None.
+
+    A taken event id is a defect of the caller's ids; a taken (aggregate, seq) is a writer
+    that bypassed the sequence row (catalogue S1): ``SequenceConflictError``, never a raw 23505.
+    """
+    if not is_unique_violation(error):
+        return None
+    first = rows[0]
+    text = str(getattr(error, "orig", error))
+    if "pk_event" in text or "event.id" in text:
+        return InvalidDurableEventError(
+            f"Event {first['id']} already exists (committed concurrently); "
+            f"retry the publish to get the stored event"
+        )
+    # PostgreSQL names the taken key; on the hot path the batch's seqs are assigned in SQL.
+    taken = re.search(r"\(aggregate_id, seq\)=\([^,]+, (\d+)\)", text)
+    return SequenceConflictError(first["aggregate_id"], int(taken[1]) if taken else first["seq"])
 
 
 def _allocate_statement(dialect: DialectName) -> Any:
