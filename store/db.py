@@ -7,8 +7,11 @@ serialized (several writers racing on one file starve each other for seconds).
 PostgreSQL: one pool; fenced transactions lock the claim row. Every connection is pinned to
 READ COMMITTED and bounded in how long it may wait (``Waits``), whatever the server's defaults.
 
-The database's own refusals surface as the store's typed errors (``dialect.store_error``);
-``transact`` runs a write again after a serialization failure or a deadlock.
+A write commits and announces (runs its after-commit callbacks) as one unit, still holding this
+process's write lock: a write cancelled at its commit has committed and been announced, or has
+not committed. The database's own refusals surface as the store's typed errors
+(``dialect.store_error``); ``transact`` runs a write again after a serialization failure or a
+deadlock.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import asyncio
 import os
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -242,7 +245,7 @@ class Database:
 
     @asynccontextmanager
     async def write(self, *, stamp: Stamp | None = None) -> AsyncIterator[Tx]:
-        """A write transaction; after-commit callbacks run only if it commits."""
+        """A write transaction; after-commit callbacks run only if it commits, right then."""
         with typed_errors():
             async with self.serialized():
                 inline = self._inline_begin() if self._writer is not None else None
@@ -252,20 +255,20 @@ class Database:
                     tx = Tx(InlineConnection(sync), self.dialect, stamp)
                     clean = False
                     try:
-                        with transaction:
+                        with transaction:  # commits on the event loop: nothing can cut in
                             yield tx
                             await tx.prepare_commit()
                         clean = True
                     finally:
                         self._writer.give(sync, clean=clean)
+                    _announce(tx)
                 else:
                     async with self.write_engine.connect() as conn:
                         tx = Tx(conn, self.dialect, stamp)
-                        async with conn.begin():
+                        async with conn.begin() as pooled:
                             yield tx
                             await tx.prepare_commit()
-        for callback in tx.after_commit:
-            callback()
+                            await settled(_commit_and_announce(pooled, tx))
 
     async def transact(
         self, work: Callable[[Tx], Awaitable[T]], *, stamp: Stamp | None = None
@@ -379,6 +382,39 @@ class Database:
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()
+
+
+def _announce(tx: Tx) -> None:
+    for callback in tx.after_commit:
+        callback()
+
+
+async def _commit_and_announce(transaction: Any, tx: Tx) -> None:
+    await transaction.commit()
+    _announce(tx)
+
+
+async def settled(
+    work: Coroutine[Any, Any, T], *, on_cancel: Callable[[], None] | None = None
+) -> T:
+    """Await ``work`` to its end even if cancelled meanwhile, then re-raise the cancellation.
+
+    For what must happen as one unit, a commit and its announcement: cut off at its await, a
+    commit still lands (in the driver's thread, or on the server), unannounced, and perhaps
+    after the write lock was given up. ``on_cancel`` may ask ``work`` to end sooner.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
+        while not task.done():
+            with suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # seen: the cancellation wins over a failure
+        raise
 
 
 async def retry_conflicts(

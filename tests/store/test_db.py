@@ -3,22 +3,68 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from sessionflow.errors import TransactionConflictError
 from sessionflow.models import events as ev
 from store import Store, open_store
 from store.claims import Claim
-from store.db import Database
-from tests.conftest import Target
+from store.db import Database, Tx
+from tests.conftest import StoreFactory, Target
 from tests.store.conftest import libpq
+from tests.store.helpers import count
 
 OPENERS = 6
 ROUNDS = 5
+
+
+async def test_a_write_cancelled_at_its_commit_commits_announced_or_not_at_all(
+    open_test_store: StoreFactory, target: Target
+) -> None:
+    """On SQLite the write takes the aiosqlite fallback (another process holds the lock)."""
+    store = await open_test_store()
+    sid = (await store.sessions.create("/work")).id
+    heard: list[int] = []
+    store.events.listen(lambda event: heard.append(event.seq))
+    blocker = _holding_the_sqlite_lock(target)
+
+    async def cancel_at_commit(tx: Tx) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # delivered at the commit's first wait
+
+    async def write() -> None:
+        async with store.db.write() as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="cancelled"), tx=tx)
+            tx.before_commit.append(cancel_at_commit)
+
+    task = asyncio.create_task(write())
+    if blocker is not None:
+        await asyncio.sleep(0.1)  # the write began on the fallback path, waiting for the lock
+        blocker.execute("COMMIT")
+        blocker.close()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    committed = await count(store, "event", "aggregate_id = :a AND seq > 0", a=sid)
+    assert heard == ([1] if committed else []), "committed but never announced"
+    await store.events.publish(ev.Synthetic(session_id=sid, text="after"))
+    assert await count(store, "event", "aggregate_id = :a AND seq > 0", a=sid) == committed + 1
+
+
+def _holding_the_sqlite_lock(target: Target) -> sqlite3.Connection | None:
+    if target.backend != "sqlite":
+        return None
+    database = make_url(target.url).database
+    assert database is not None
+    blocker = sqlite3.connect(database, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    return blocker
 
 
 async def test_engines_opening_one_fresh_schema_at_once_all_succeed(postgres_url: str) -> None:
