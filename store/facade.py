@@ -67,18 +67,20 @@ class Store:
             "lease": claim.lease_ms,
             "attempt": -1 if step_attempt is None else step_attempt,
         }
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed(rows, events))
+
         if isinstance(self.writer, SqliteWriter):
             async with self.db.serialized():
-                last = await self.writer.append(fence, rows)
+                appended = await self.writer.append(fence, rows, announce)
         else:
             assert self.writer is not None
-            last = await self.writer.append(fence, rows, NOTIFY_CHANNEL)
-            if last is not None:
-                for offset, row in enumerate(rows):
-                    row["seq"] = last - len(rows) + 1 + offset
-        if last is None:
+            appended = await self.writer.append(fence, rows, NOTIFY_CHANNEL, announce)
+        if not appended:
             raise await self.claims.why_lost(claim, step_attempt)
-        return self.events.committed(rows, events)
+        return stored
 
     async def close(self) -> None:
         await self.notifier.close()
