@@ -14,7 +14,8 @@
     ├── StoreError
     │   ├── InvalidDurableEventError         a defect in the event store contract (reference §2.3)
     │   ├── SequenceConflictError            two writers raced for one (aggregate, seq)
-    │   └── StoreUnavailableError            the database cannot be reached or is read-only
+    │   ├── TransactionConflictError         serialization failures or deadlocks, retried in vain
+    │   └── StoreUnavailableError            the database cannot be reached, timed out, read-only
     │       └── AdmissionUnavailableError    an admission failed its retries; it may have committed
     └── ClaimError
         ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
@@ -135,8 +136,32 @@ class SequenceConflictError(StoreError):
         self.seq = seq
 
 
+class TransactionConflictError(StoreError):
+    def __init__(self, sqlstate: str, attempts: int) -> None:
+        what = "a deadlock" if sqlstate == "40P01" else "a serialization failure"
+        super().__init__(
+            f"The database aborted the transaction as {what} (SQLSTATE {sqlstate}) "
+            f"{attempts} time(s) in a row; nothing was committed. Retry the operation. If it "
+            f"keeps failing, look for long transactions holding the same rows."
+        )
+        self.sqlstate = sqlstate
+        self.attempts = attempts
+
+
 class StoreUnavailableError(StoreError):
-    """The database is unreachable or refuses writes; nothing partial was committed."""
+    """The database is unreachable, timed out or refuses writes; nothing partial was committed.
+
+    A write cut off this way (its connection dropped while it committed) may or may not have
+    committed: a retry must be idempotent, or read back first.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"The database is unavailable: {reason}. Nothing partial was committed, but a "
+            f"write cut off mid-commit may have committed whole. Retry once the database is "
+            f"back (the store reconnects by itself)."
+        )
+        self.reason = reason
 
 
 class AdmissionUnavailableError(StoreUnavailableError):

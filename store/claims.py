@@ -10,17 +10,21 @@ Invariants (DESIGN "The claim"):
 - ``fenced`` opens a write transaction that renews first (which locks the claim row on
   PostgreSQL; SQLite write transactions are exclusive), so a takeover waits for it or it fails
   with ``ClaimLostError`` and rolls back everything it wrote.
-- Lock order is claim row, then event sequence row, then session row, in every transaction
-  (an event's projections take the session row after its sequence row), so none deadlock.
+- Lock order is claim row, then event sequence rows (sorted by aggregate id), then session row,
+  in every transaction (an event's projections take the session row after its sequence row),
+  so none deadlock.
+- No wait is unbounded (``db.Waits``): an acquisition waits for the claim row lock at most
+  ``claim_lock_ms``, then raises ``ClaimHeldError``; the clock it decides with, and the new
+  expiry, are read after the lock, so a takeover that waited never starts out expired.
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
@@ -31,13 +35,29 @@ from sessionflow.errors import (
     StaleAttemptError,
 )
 from sessionflow.ids import validate_id
-from store.db import Connection, Database, Stamp, Tx
-from store.dialect import DialectName, for_update, insert, now_ms
+from store.db import Connection, Database, Stamp, Tx, retry_conflicts
+from store.dialect import DRIVER_ERRORS, DialectName, for_update, insert, is_lock_timeout, now_ms
 from store.prepared import Prepared
 from store.schema import execution_table, recovery_table, session_table
 
+T = TypeVar("T")
 Phase = Literal["ready", "unknown", "continue"]
 _x = execution_table.c
+
+
+class _RowLocked(Exception):
+    """The claim row stayed locked past the acquisition's lock timeout."""
+
+
+@contextmanager
+def _lock_bounded() -> Iterator[None]:
+    """A lock wait inside that ran past the lock timeout raises ``_RowLocked``."""
+    try:
+        yield
+    except DRIVER_ERRORS as error:
+        if is_lock_timeout(error):
+            raise _RowLocked from error
+        raise
 
 
 @dataclass(frozen=True)
@@ -88,11 +108,15 @@ class Claims:
         one is taken over in the same transaction, which records a recovery row for the dead
         execution. Acquiring again for the same live execution and owner returns its claim.
         """
-        async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
-            claim,
-            _tx,
-        ):
-            return claim
+
+        async def once() -> Claim:
+            async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
+                claim,
+                _tx,
+            ):
+                return claim
+
+        return await retry_conflicts(once)
 
     @asynccontextmanager
     async def acquiring(
@@ -114,55 +138,80 @@ class Claims:
         validate_id(session_id)
         validate_id(execution_id, "execution")
         lease = lease_ms or self.lease_ms
-        async with self.db.write() as tx:
-            claim = await self._acquire(tx, session_id, execution_id, owner_id, lease)
-            tx.stamp = Stamp(claim.execution_id, claim.epoch)
-            yield claim, tx
-            params = {"sid": session_id, "epoch": claim.epoch}
-            await _SET_EPOCH.rows(tx.conn, tx.dialect, params)
+        try:
+            async with self.db.write() as tx:
+                claim = await self._acquire(tx, session_id, execution_id, owner_id, lease)
+                tx.stamp = Stamp(claim.execution_id, claim.epoch)
+                yield claim, tx
+                params = {"sid": session_id, "epoch": claim.epoch}
+                await _SET_EPOCH.rows(tx.conn, tx.dialect, params)
+        except _RowLocked:
+            raise await self._held(session_id) from None
 
     async def _acquire(
         self, tx: Tx, session_id: str, execution_id: str, owner_id: str, lease: int
     ) -> Claim:
-        now = await self._now(tx)
-        last_epoch = await self._session_epoch(tx, session_id)
-        current = await self._lock_current(tx, session_id)
+        if tx.dialect == "postgresql":
+            # For the whole acquisition: it waits for the claim row, or for a concurrent
+            # acquirer's first claim, no longer than this (then ``ClaimHeldError``).
+            timeout = f"SET LOCAL lock_timeout = {self.db.waits.claim_lock_ms}"
+            await tx.conn.exec_driver_sql(timeout)
+        with _lock_bounded():
+            current = await self._lock_current(tx, session_id)
+        # The clock is read after the lock, which this acquisition may have waited for: a
+        # verdict on the claim's expiry from before the wait would be stale. The new claim's
+        # expiry is computed in SQL, by the statement that writes it.
+        last_epoch, now = await self._session_epoch_and_now(tx, session_id)
         if current is None:
-            claim = self._new_claim(session_id, execution_id, owner_id, last_epoch + 1, now, lease)
-            if await _INSERT_CLAIM.first(tx.conn, tx.dialect, _claim_values(claim, now)) is None:
-                # Another acquirer committed first; its claim is live by construction.
-                current = await self._lock_current(tx, session_id)
-                assert current is not None
-                raise ClaimHeldError(session_id, current.id, int(current.expires_at))
-        elif current.expires_at > now:
+            return await self._insert(tx, session_id, execution_id, owner_id, last_epoch + 1, lease)
+        if current.expires_at > now:
             if current.id == execution_id and current.owner_id == owner_id:
                 return await self._renew_in(tx, _row_claim(current, lease), None)
             raise ClaimHeldError(session_id, current.id, int(current.expires_at))
-        else:
-            epoch = max(last_epoch, int(current.epoch)) + 1
-            claim = self._new_claim(session_id, execution_id, owner_id, epoch, now, lease)
-            await self._record_recovery(tx, current, now)
-            await tx.conn.execute(
-                execution_table.update()
-                .where(_x.session_id == session_id, _x.id == current.id)
-                .values(**_claim_values(claim, now))
-            )
-        return claim  # its epoch goes on the session row at the end of ``acquiring``
+        epoch = max(last_epoch, int(current.epoch)) + 1
+        await self._record_recovery(tx, current, now)
+        params = {
+            "sid": session_id,
+            "current": current.id,
+            **_claim_params(execution_id, owner_id, epoch, lease),
+        }
+        ((expires_at,),) = await _TAKE_OVER.rows(tx.conn, tx.dialect, params)
+        return Claim(session_id, execution_id, owner_id, epoch, int(expires_at), lease)
 
-    def _new_claim(
-        self, session_id: str, execution_id: str, owner_id: str, epoch: int, now: int, lease: int
+    async def _insert(
+        self, tx: Tx, session_id: str, execution_id: str, owner_id: str, epoch: int, lease: int
     ) -> Claim:
-        return Claim(session_id, execution_id, owner_id, epoch, now + lease, lease)
+        """The session's first claim since its last release.
 
-    async def _now(self, tx: Tx) -> int:
-        ((now,),) = await _NOW.rows(tx.conn, tx.dialect, {})
-        return int(now)
+        On PostgreSQL an INSERT that meets a concurrent acquirer's uncommitted row waits for
+        it with its values already computed: should that acquirer roll back, this claim's
+        expiry is early by the wait, at most the lock timeout (a sixth of the lease).
+        """
+        params = {"sid": session_id, **_claim_params(execution_id, owner_id, epoch, lease)}
+        with _lock_bounded():
+            inserted = await _INSERT_CLAIM.first(tx.conn, tx.dialect, params)
+        if inserted is None:
+            # Another acquirer committed first; its claim is live by construction.
+            current = await self._lock_current(tx, session_id)
+            assert current is not None
+            raise ClaimHeldError(session_id, current.id, int(current.expires_at))
+        return Claim(session_id, execution_id, owner_id, epoch, int(inserted[0]), lease)
 
-    async def _session_epoch(self, tx: Tx, session_id: str) -> int:
-        row = await _SESSION_EPOCH.first(tx.conn, tx.dialect, {"sid": session_id})
+    async def _held(self, session_id: str) -> ClaimHeldError:
+        """Who holds the claim an acquisition could not lock in time, as last committed."""
+        async with self.db.read() as conn:
+            ((execution_id, expires_at, now),) = await _HOLDER.rows(
+                conn, self.db.dialect, {"sid": session_id}
+            )
+        if execution_id is None:  # the holder is creating the session's first claim
+            return ClaimHeldError(session_id, "(another acquisition)", int(now))
+        return ClaimHeldError(session_id, execution_id, int(expires_at))
+
+    async def _session_epoch_and_now(self, tx: Tx, session_id: str) -> tuple[int, int]:
+        row = await _SESSION_EPOCH_AND_NOW.first(tx.conn, tx.dialect, {"sid": session_id})
         if row is None:
             raise SessionNotFoundError(session_id)
-        return int(row[0])
+        return int(row[0]), int(row[1])
 
     async def _lock_current(self, tx: Tx, session_id: str) -> Any:
         row = await _LOCK_CURRENT.first(tx.conn, tx.dialect, {"sid": session_id})
@@ -193,13 +242,11 @@ class Claims:
 
     async def renew(self, claim: Claim) -> Claim:
         """Extend a live claim by its lease; ``ClaimLostError`` if it is not live any more."""
-        async with self.db.write() as tx:
-            return await self._renew_in(tx, claim, None)
+        return await self.db.transact(lambda tx: self._renew_in(tx, claim, None))
 
     async def release(self, claim: Claim) -> None:
         """Delete the claim (same fence); ``ClaimLostError`` if it was not live."""
-        async with self.db.write() as tx:
-            await self.release_in(tx, claim)
+        await self.db.transact(lambda tx: self.release_in(tx, claim))
 
     async def release_in(self, tx: Tx, claim: Claim) -> None:
         """``release`` inside ``tx``: the claim goes when (and only if) ``tx`` commits."""
@@ -221,8 +268,11 @@ class Claims:
         step_attempt: int | None = None,
     ) -> Claim:
         """Record what the execution is doing, so a takeover knows how to recover it."""
-        async with self.fenced(claim, step_attempt=step_attempt) as tx:
+
+        async def record(tx: Tx) -> None:
             await self.record_phase(tx, claim, phase, assistant_message_id)
+
+        await self.run_fenced(claim, record, step_attempt=step_attempt)
         return replace(claim, phase=phase, assistant_message_id=assistant_message_id)
 
     async def record_phase(
@@ -259,6 +309,22 @@ class Claims:
         async with self.db.write(stamp=Stamp(claim.execution_id, claim.epoch)) as tx:
             await self._renew_in(tx, claim, step_attempt)
             yield tx
+
+    async def run_fenced(
+        self,
+        claim: Claim,
+        work: Callable[[Tx], Awaitable[T]],
+        *,
+        step_attempt: int | None = None,
+    ) -> T:
+        """``work`` in a ``fenced`` transaction, run again from the start after a serialization
+        failure or a deadlock (``Database.transact``); ``work`` must touch nothing but its tx."""
+
+        async def fenced_work(tx: Tx) -> T:
+            await self._renew_in(tx, claim, step_attempt)
+            return await work(tx)
+
+        return await self.db.transact(fenced_work, stamp=Stamp(claim.execution_id, claim.epoch))
 
     async def _renew_in(self, tx: Tx, claim: Claim, step_attempt: int | None) -> Claim:
         params: dict[str, Any] = {
@@ -406,10 +472,16 @@ _RECORD_PHASE = Prepared(
 _ExecutionRow = namedtuple(  # type: ignore[misc]
     "_ExecutionRow", [c.name for c in execution_table.columns]
 )
-_NOW = Prepared(lambda dialect: sa.select(now_ms(dialect)))
-_SESSION_EPOCH = Prepared(
-    lambda _dialect: sa.select(session_table.c.claim_epoch).where(
+_SESSION_EPOCH_AND_NOW = Prepared(
+    lambda dialect: sa.select(session_table.c.claim_epoch, now_ms(dialect)).where(
         session_table.c.id == sa.bindparam("sid")
+    )
+)
+_HOLDER = Prepared(
+    lambda dialect: sa.select(
+        sa.select(_x.id).where(_x.session_id == sa.bindparam("sid")).scalar_subquery(),
+        sa.select(_x.expires_at).where(_x.session_id == sa.bindparam("sid")).scalar_subquery(),
+        now_ms(dialect),
     )
 )
 _LOCK_CURRENT = Prepared(
@@ -417,23 +489,36 @@ _LOCK_CURRENT = Prepared(
         dialect, sa.select(execution_table).where(_x.session_id == sa.bindparam("sid"))
     )
 )
-_CLAIM_COLUMNS = (
-    "id",
-    "session_id",
-    "owner_id",
-    "epoch",
-    "phase",
-    "assistant_message_id",
-    "step_attempt",
-    "time_created",
-    "expires_at",
-)
+
+
+def _new_claim_values(dialect: DialectName) -> dict[str, Any]:
+    """A fresh claim's columns; its times from the database clock, in the statement itself."""
+    return {
+        "id": sa.bindparam("eid"),
+        "owner_id": sa.bindparam("owner"),
+        "epoch": sa.bindparam("epoch"),
+        "phase": "ready",
+        "assistant_message_id": sa.null(),
+        "step_attempt": 0,
+        "time_created": now_ms(dialect),
+        "expires_at": now_ms(dialect) + sa.bindparam("lease", type_=sa.BigInteger),
+    }
+
+
 _INSERT_CLAIM = Prepared(
     lambda dialect: (
         insert(dialect, execution_table)
-        .values({name: sa.bindparam(name) for name in _CLAIM_COLUMNS})
+        .values(session_id=sa.bindparam("sid"), **_new_claim_values(dialect))
         .on_conflict_do_nothing(index_elements=[_x.session_id])
-        .returning(_x.id)
+        .returning(_x.expires_at)
+    )
+)
+_TAKE_OVER = Prepared(
+    lambda dialect: (
+        execution_table.update()
+        .where(_x.session_id == sa.bindparam("sid"), _x.id == sa.bindparam("current"))
+        .values(**_new_claim_values(dialect))
+        .returning(_x.expires_at)
     )
 )
 _SET_EPOCH = Prepared(
@@ -475,18 +560,8 @@ _CLEAR_RECOVERIES = Prepared(
 )
 
 
-def _claim_values(claim: Claim, now: int) -> dict[str, Any]:
-    return {
-        "id": claim.execution_id,
-        "session_id": claim.session_id,
-        "owner_id": claim.owner_id,
-        "epoch": claim.epoch,
-        "phase": "ready",
-        "assistant_message_id": None,
-        "step_attempt": 0,
-        "time_created": now,
-        "expires_at": claim.expires_at,
-    }
+def _claim_params(execution_id: str, owner_id: str, epoch: int, lease: int) -> dict[str, Any]:
+    return {"eid": execution_id, "owner": owner_id, "epoch": epoch, "lease": lease}
 
 
 def _row_claim(row: Any, lease_ms: int) -> Claim:

@@ -4,32 +4,49 @@ SQLite: WAL, ``BEGIN IMMEDIATE`` for every write transaction (a deferred transac
 upgrades to a write gets SQLITE_BUSY at once, ignoring busy_timeout), a busy timeout of several
 seconds, and one writer connection per process through which that process's writes are
 serialized (several writers racing on one file starve each other for seconds).
-PostgreSQL: one pool; fenced transactions lock the claim row; READ COMMITTED is enough.
+PostgreSQL: one pool; fenced transactions lock the claim row. Every connection is pinned to
+READ COMMITTED and bounded in how long it may wait (``Waits``), whatever the server's defaults.
+
+A write commits and announces (runs its after-commit callbacks) as one unit, still holding this
+process's write lock: a write cancelled at its commit has committed and been announced, or has
+not committed. The database's own refusals surface as the store's typed errors
+(``dialect.store_error``); ``transact`` runs a write again after a serialization failure or a
+deadlock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from store.dialect import DialectName, dialect_of
+from sessionflow.errors import TransactionConflictError
+from store.dialect import DialectName, Waits, dialect_of, postgres_options, typed_errors
+
+T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x5E55_F10
+# A migration may wait for another process's and run DDL for longer than the lease bounds
+# everything else by; it runs once, when the store opens, under no claim.
+MIGRATION_STATEMENT_TIMEOUT_MS = 300_000
+DEFAULT_LEASE_MS = 30_000
+CONFLICT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -105,10 +122,8 @@ def _sqlite_engine(url: str, *, immediate: bool, pool_size: int) -> AsyncEngine:
     return engine
 
 
-def _postgres_engine(url: str, schema: str | None) -> AsyncEngine:
-    connect_args: dict[str, Any] = {"application_name": "sessionflow"}
-    if schema:
-        connect_args["options"] = f"-csearch_path={schema}"
+def _postgres_engine(url: str, options: str) -> AsyncEngine:
+    connect_args: dict[str, Any] = {"application_name": "sessionflow", "options": options}
     return create_async_engine(
         url, pool_size=10, max_overflow=20, pool_pre_ping=True, connect_args=connect_args
     )
@@ -194,10 +209,13 @@ def _is_busy(error: BaseException) -> bool:
 class Database:
     """The engines of one store and the way every transaction is framed."""
 
-    def __init__(self, url: str, *, schema: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, schema: str | None = None, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> None:
         self.url = url
         self.dialect: DialectName = dialect_of(url)
         self.schema = schema
+        self.waits = Waits.for_lease(lease_ms)
         self._writer: _Kept | None = None
         self._readers: _Kept | None = None
         if self.dialect == "sqlite":
@@ -207,7 +225,7 @@ class Database:
             self._writer = _Kept(_inline_sqlite_engine(url, immediate=True), 1)
             self._readers = _Kept(_inline_sqlite_engine(url, immediate=False), 2)
         else:
-            self.write_engine = _postgres_engine(url, schema)
+            self.write_engine = _postgres_engine(url, postgres_options(url, schema, self.waits))
             self.read_engine = self.write_engine
         self._write_lock: asyncio.Lock | None = None
 
@@ -219,35 +237,53 @@ class Database:
 
     @property
     def psycopg_conninfo(self) -> str:
-        """A libpq connection string for raw psycopg connections (the LISTEN connection)."""
+        """A libpq connection string for raw psycopg connections (the hot path, LISTEN), with
+        the same options as the pool's."""
         url = make_url(self.url).set(drivername="postgresql")
-        return url.render_as_string(hide_password=False)
+        options = postgres_options(self.url, self.schema, self.waits)
+        return make_conninfo(url.render_as_string(hide_password=False), options=options)
 
     @asynccontextmanager
     async def write(self, *, stamp: Stamp | None = None) -> AsyncIterator[Tx]:
-        """A write transaction; after-commit callbacks run only if it commits."""
-        async with self.serialized():
-            inline = self._inline_begin() if self._writer is not None else None
-            if inline is not None:
-                assert self._writer is not None
-                sync, transaction = inline
-                tx = Tx(InlineConnection(sync), self.dialect, stamp)
-                clean = False
-                try:
-                    with transaction:
-                        yield tx
-                        await tx.prepare_commit()
-                    clean = True
-                finally:
-                    self._writer.give(sync, clean=clean)
-            else:
-                async with self.write_engine.connect() as conn:
-                    tx = Tx(conn, self.dialect, stamp)
-                    async with conn.begin():
-                        yield tx
-                        await tx.prepare_commit()
-        for callback in tx.after_commit:
-            callback()
+        """A write transaction; after-commit callbacks run only if it commits, right then."""
+        with typed_errors():
+            async with self.serialized():
+                inline = self._inline_begin() if self._writer is not None else None
+                if inline is not None:
+                    assert self._writer is not None
+                    sync, transaction = inline
+                    tx = Tx(InlineConnection(sync), self.dialect, stamp)
+                    clean = False
+                    try:
+                        with transaction:  # commits on the event loop: nothing can cut in
+                            yield tx
+                            await tx.prepare_commit()
+                        clean = True
+                    finally:
+                        self._writer.give(sync, clean=clean)
+                    _announce(tx)
+                else:
+                    async with self.write_engine.connect() as conn:
+                        tx = Tx(conn, self.dialect, stamp)
+                        async with conn.begin() as pooled:
+                            yield tx
+                            await tx.prepare_commit()
+                            await settled(_commit_and_announce(pooled, tx))
+
+    async def transact(
+        self, work: Callable[[Tx], Awaitable[T]], *, stamp: Stamp | None = None
+    ) -> T:
+        """``work`` in a write transaction, run again from the start (a few times, after a
+        jittered pause) when the database aborts it as a serialization failure or a deadlock.
+
+        ``work`` may run more than once: it must touch nothing but its ``tx``.
+        """
+
+        async def once() -> T:
+            async with self.write(stamp=stamp) as tx:
+                return await work(tx)
+
+        return await retry_conflicts(once)
 
     def _inline_begin(self) -> tuple[sa.Connection, sa.RootTransaction] | None:
         """Begin an inline SQLite write, or None when another process holds the write lock.
@@ -277,20 +313,21 @@ class Database:
         more than the read itself. In the rare moment a snapshot cannot be had at once (a
         database being recovered by another process), the read takes the aiosqlite path.
         """
-        inline = self._inline_snapshot() if self._readers is not None else None
-        if inline is not None:
-            assert self._readers is not None
-            sync, transaction = inline
-            clean = False
-            try:
-                with transaction:
-                    yield InlineConnection(sync)
-                clean = True
-            finally:
-                self._readers.give(sync, clean=clean)
-            return
-        async with self.read_engine.connect() as conn, conn.begin():
-            yield conn
+        with typed_errors():
+            inline = self._inline_snapshot() if self._readers is not None else None
+            if inline is not None:
+                assert self._readers is not None
+                sync, transaction = inline
+                clean = False
+                try:
+                    with transaction:
+                        yield InlineConnection(sync)
+                    clean = True
+                finally:
+                    self._readers.give(sync, clean=clean)
+                return
+            async with self.read_engine.connect() as conn, conn.begin():
+                yield conn
 
     def _inline_snapshot(self) -> tuple[sa.Connection, sa.RootTransaction] | None:
         assert self._readers is not None
@@ -321,15 +358,21 @@ class Database:
             yield
 
     async def migrate(self) -> None:
-        """Apply every Alembic migration (``upgrade head``), once even under concurrent opens."""
-        if self.dialect == "postgresql" and self.schema:
-            async with self.write_engine.begin() as conn:
-                await conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        """Apply every Alembic migration (``upgrade head``), once even under concurrent opens.
+
+        On PostgreSQL all of it, creating the schema too, runs in one transaction under an
+        advisory lock taken first: ``CREATE SCHEMA IF NOT EXISTS`` is no guard against a
+        concurrent creator (the loser hits a unique violation in ``pg_namespace``).
+        """
         async with self.serialized(), self.write_engine.connect() as conn, conn.begin():
             if self.dialect == "postgresql":
+                timeout = f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}"
+                await conn.exec_driver_sql(timeout)
                 await conn.execute(
                     sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
                 )
+                if self.schema:
+                    await conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             await conn.run_sync(_upgrade)
 
     async def dispose(self) -> None:
@@ -339,6 +382,54 @@ class Database:
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()
+
+
+def _announce(tx: Tx) -> None:
+    for callback in tx.after_commit:
+        callback()
+
+
+async def _commit_and_announce(transaction: Any, tx: Tx) -> None:
+    await transaction.commit()
+    _announce(tx)
+
+
+async def settled(
+    work: Coroutine[Any, Any, T], *, on_cancel: Callable[[], None] | None = None
+) -> T:
+    """Await ``work`` to its end even if cancelled meanwhile, then re-raise the cancellation.
+
+    For what must happen as one unit, a commit and its announcement: cut off at its await, a
+    commit still lands (in the driver's thread, or on the server), unannounced, and perhaps
+    after the write lock was given up. ``on_cancel`` may ask ``work`` to end sooner.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
+        while not task.done():
+            with suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # seen: the cancellation wins over a failure
+        raise
+
+
+async def retry_conflicts(
+    run: Callable[[], Awaitable[T]], *, attempts: int = CONFLICT_ATTEMPTS
+) -> T:
+    """``run()``, again after a jittered pause while it fails with ``TransactionConflictError``
+    (the database aborted it whole); after ``attempts`` tries the error says how many."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await run()
+        except TransactionConflictError as error:
+            if attempt == attempts:
+                raise TransactionConflictError(error.sqlstate, attempt) from error
+            await asyncio.sleep(0.01 * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
 
 
 def _upgrade(connection: sa.Connection) -> None:

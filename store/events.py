@@ -14,6 +14,7 @@ refused. Replay implements reference §2.4, owner fencing included.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from sessionflow.errors import (
     InvalidDurableEventError,
     PayloadTooLargeError,
     SequenceConflictError,
+    StoreError,
 )
 from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
@@ -146,8 +148,7 @@ class EventStore:
         prepared = self._prepare(event, id, created)
         if tx is not None:
             return (await self._append(tx, [prepared], commit))[0]
-        async with self.db.write() as own:
-            return (await self._append(own, [prepared], commit))[0]
+        return (await self.db.transact(lambda own: self._append(own, [prepared], commit)))[0]
 
     async def publish_many(
         self, events: Iterable[Event | tuple[Event, str]], *, tx: Tx | None = None
@@ -163,8 +164,7 @@ class EventStore:
             return []
         if tx is not None:
             return await self._append(tx, prepared, None)
-        async with self.db.write() as own:
-            return await self._append(own, prepared, None)
+        return await self.db.transact(lambda own: self._append(own, prepared, None))
 
     def has_projector(self, cls: type[Event]) -> bool:
         return cls in self._projectors
@@ -289,9 +289,14 @@ class EventStore:
         return {row.id: row for row in (await conn.execute(query)).all()}
 
     async def _allocate(self, tx: Tx, counts: Counter[str]) -> dict[str, tuple[int, int]]:
-        """Reserve ``n`` seqs per aggregate; returns the last reserved seq and ``n``."""
+        """Reserve ``n`` seqs per aggregate; returns the last reserved seq and ``n``.
+
+        The sequence rows are locked in aggregate id order, whatever the batch's order: two
+        batches over the same aggregates then wait for each other instead of deadlocking.
+        """
         last: dict[str, tuple[int, int]] = {}
-        for agg, n in counts.items():
+        for agg in sorted(counts):
+            n = counts[agg]
             ((seq,),) = await _ALLOCATE.rows(tx.conn, tx.dialect, {"agg": agg, "n": n})
             last[agg] = (int(seq), n)
         return last
@@ -300,16 +305,10 @@ class EventStore:
         try:
             await _INSERT.many(tx.conn, tx.dialect, rows)
         except INTEGRITY_ERRORS as error:
-            if not is_unique_violation(error):
+            typed = unique_violation_error(error, rows)
+            if typed is None:
                 raise
-            first = rows[0]
-            text = str(getattr(error, "orig", error))
-            if "pk_event" in text or "event.id" in text:
-                raise InvalidDurableEventError(
-                    f"Event {first['id']} already exists (committed concurrently); "
-                    f"retry the publish to get the stored event"
-                ) from error
-            raise SequenceConflictError(first["aggregate_id"], first["seq"]) from error
+            raise typed from error
         if tx.dialect == "postgresql":
             latest: dict[str, int] = {}
             for row in rows:
@@ -354,8 +353,9 @@ class EventStore:
                 f"Aggregate mismatch: expected {serialized.aggregate_id}, got {aggregate}"
             )
         prepared = self._prepare(event, serialized.id, serialized.created or 0)
-        async with self.db.write() as tx:
-            return await self._replay(tx, prepared, serialized.seq, owner_id, strict_owner, publish)
+        return await self.db.transact(
+            lambda tx: self._replay(tx, prepared, serialized.seq, owner_id, strict_owner, publish)
+        )
 
     async def _replay(
         self,
@@ -466,12 +466,12 @@ class EventStore:
 
     async def claim(self, aggregate_id: str, owner_id: str) -> None:
         """Make ``owner_id`` the replication owner (last writer wins; no row is created)."""
-        async with self.db.write() as tx:
-            await self._set_owner(tx, aggregate_id, owner_id)
+        await self.db.transact(lambda tx: self._set_owner(tx, aggregate_id, owner_id))
 
     async def remove(self, aggregate_id: str) -> None:
         """Delete an aggregate's events and sequence; a replay may then start again at 0."""
-        async with self.db.write() as tx:
+
+        async def remove(tx: Tx) -> None:
             await tx.conn.execute(
                 event_table.delete().where(event_table.c.aggregate_id == aggregate_id)
             )
@@ -479,11 +479,14 @@ class EventStore:
                 sequence_table.delete().where(sequence_table.c.aggregate_id == aggregate_id)
             )
 
+        await self.db.transact(remove)
+
     async def reserve_sequence(self, aggregate_id: str, seq: int, *, tx: Tx | None = None) -> None:
         """Raise the aggregate's sequence to at least ``seq`` without events (used by fork)."""
         if tx is None:
-            async with self.db.write() as own:
-                return await self.reserve_sequence(aggregate_id, seq, tx=own)
+            return await self.db.transact(
+                lambda own: self.reserve_sequence(aggregate_id, seq, tx=own)
+            )
         statement = insert(tx.dialect, sequence_table).values(aggregate_id=aggregate_id, seq=seq)
         await tx.conn.execute(
             statement.on_conflict_do_update(
@@ -593,6 +596,28 @@ class EventStore:
                 yield event
             cursor = page.cursor if page.cursor > cursor else target
         yield Synced(aggregate_id, target if target >= 0 else None)
+
+
+def unique_violation_error(
+    error: BaseException, rows: Sequence[dict[str, Any]]
+) -> StoreError | None:
+    """The typed error for a unique violation inserting event ``rows``, else None.
+
+    A taken event id is a defect of the caller's ids; a taken (aggregate, seq) is a writer
+    that bypassed the sequence row (catalogue S1): ``SequenceConflictError``, never a raw 23505.
+    """
+    if not is_unique_violation(error):
+        return None
+    first = rows[0]
+    text = str(getattr(error, "orig", error))
+    if "pk_event" in text or "event.id" in text:
+        return InvalidDurableEventError(
+            f"Event {first['id']} already exists (committed concurrently); "
+            f"retry the publish to get the stored event"
+        )
+    # PostgreSQL names the taken key; on the hot path the batch's seqs are assigned in SQL.
+    taken = re.search(r"\(aggregate_id, seq\)=\([^,]+, (\d+)\)", text)
+    return SequenceConflictError(first["aggregate_id"], int(taken[1]) if taken else first["seq"])
 
 
 def _allocate_statement(dialect: DialectName) -> Any:

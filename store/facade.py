@@ -11,7 +11,7 @@ from sessionflow.models.events import Event
 from sessionflow.settings import Settings
 from store import projector
 from store.claims import Claim, Claims
-from store.db import Database, Stamp
+from store.db import Database, Stamp, Tx
 from store.dialect import NOTIFY_CHANNEL
 from store.events import EventStore, StoredEvent
 from store.fast import PostgresWriter, SqliteWriter
@@ -55,8 +55,11 @@ class Store:
         if any(self.events.has_projector(type(e)) for e in events) or (
             len({e.aggregate_id for e in events}) > 1
         ):
-            async with self.claims.fenced(claim, step_attempt=step_attempt) as tx:
+
+            async def publish(tx: Tx) -> list[StoredEvent]:
                 return await self.events.publish_many(events, tx=tx)
+
+            return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
         rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
         fence = {
             "sid": claim.session_id,
@@ -66,18 +69,20 @@ class Store:
             "lease": claim.lease_ms,
             "attempt": -1 if step_attempt is None else step_attempt,
         }
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed(rows, events))
+
         if isinstance(self.writer, SqliteWriter):
             async with self.db.serialized():
-                last = await self.writer.append(fence, rows)
+                appended = await self.writer.append(fence, rows, announce)
         else:
             assert self.writer is not None
-            last = await self.writer.append(fence, rows, NOTIFY_CHANNEL)
-            if last is not None:
-                for offset, row in enumerate(rows):
-                    row["seq"] = last - len(rows) + 1 + offset
-        if last is None:
+            appended = await self.writer.append(fence, rows, NOTIFY_CHANNEL, announce)
+        if not appended:
             raise await self.claims.why_lost(claim, step_attempt)
-        return self.events.committed(rows, events)
+        return stored
 
     async def close(self) -> None:
         await self.notifier.close()
@@ -95,7 +100,7 @@ async def open_store(
 ) -> Store:
     """Open (and migrate to head) the store at ``url``, or at ``settings.database_url``."""
     settings = settings or Settings()
-    db = Database(url or settings.database_url, schema=schema)
+    db = Database(url or settings.database_url, schema=schema, lease_ms=settings.lease_ms)
     try:
         if migrate:
             await db.migrate()

@@ -7,23 +7,38 @@ thread hop, on PostgreSQL every statement a round trip. This path does the same 
 step attempt), reserve the seqs under the sequence row lock, insert the rows, queue the NOTIFY --
 in one thread hop on SQLite (a dedicated connection on the process's writer lock) and in one
 round trip on PostgreSQL (one statement, pipelined with BEGIN and COMMIT).
+
+As in ``Database.write``, a commit and its announcement (``on_commit``) are one unit that a
+cancellation cannot cut in two, and the database's refusals surface as typed errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import make_url
 
-from store.db import SQLITE_BUSY_TIMEOUT_MS, Database
+from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
+from store.dialect import store_error
+from store.events import unique_violation_error
 
 IDLE = TransactionStatus.IDLE
+Connection = psycopg.AsyncConnection[Any]
+OnCommit = Callable[[], None]
+# The writer thread waits for another process's lock in slices, so a cancelled append it
+# holds can give up between them instead of committing up to a busy timeout later.
+_BUSY_SLICE_MS = 50
 _SQLITE_NOW = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 _SQLITE_RENEW = f"""
 UPDATE session_execution
@@ -75,7 +90,7 @@ class SqliteWriter:
     sqlite3. It runs right on the event loop when the write lock is free, because a thread
     hop costs as much as the transaction itself (~0.15 ms); that connection never waits for the
     lock (busy_timeout 0), so the loop cannot stall behind another process's write. When the
-    lock is taken, the append goes to a writer thread whose connection waits (busy_timeout).
+    lock is taken, the append goes to a writer thread whose connection waits for it.
     The caller holds the process's SQLite write lock, so this process never races itself.
     """
 
@@ -98,22 +113,52 @@ class SqliteWriter:
             conn.execute(pragma)
         return conn
 
-    async def append(self, fence: dict[str, Any], rows: list[dict[str, Any]]) -> int | None:
-        """Run the fenced append; the last seq written, or None if the fence refused it."""
+    async def append(
+        self, fence: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> bool:
+        """Run the fenced append; False if the fence refused it. ``on_commit`` runs at once
+        after the commit: a cancelled append did not commit, or committed and announced."""
         if self._inline is None:
             self._inline = self._connect(0)
         try:
-            return _append(self._inline, fence, rows)
+            last = _append(self._inline, fence, rows, None)
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) and "busy" not in str(error):
-                raise
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._append_threaded, fence, rows)
+                _raise_typed(error, rows)
+            return await self._append_threaded(fence, rows, on_commit)
+        except sqlite3.Error as error:
+            _raise_typed(error, rows)
+        if last is None:
+            return False
+        on_commit()
+        return True
 
-    def _append_threaded(self, fence: dict[str, Any], rows: list[dict[str, Any]]) -> int | None:
+    async def _append_threaded(
+        self, fence: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> bool:
+        stop = threading.Event()
+
+        async def run() -> bool:
+            loop = asyncio.get_running_loop()
+            try:
+                last = await loop.run_in_executor(
+                    self._executor, self._append_in_thread, fence, rows, stop
+                )
+            except sqlite3.Error as error:
+                _raise_typed(error, rows)
+            if last is None:
+                return False
+            on_commit()
+            return True
+
+        return await settled(run(), on_cancel=stop.set)
+
+    def _append_in_thread(
+        self, fence: dict[str, Any], rows: list[dict[str, Any]], stop: threading.Event
+    ) -> int | None:
         if self._threaded is None:
-            self._threaded = self._connect(SQLITE_BUSY_TIMEOUT_MS)
-        return _append(self._threaded, fence, rows)
+            self._threaded = self._connect(_BUSY_SLICE_MS)
+        return _append(self._threaded, fence, rows, stop)
 
     async def close(self) -> None:
         if self._inline is not None:
@@ -126,9 +171,14 @@ class SqliteWriter:
 
 
 def _append(
-    conn: sqlite3.Connection, fence: dict[str, Any], rows: list[dict[str, Any]]
+    conn: sqlite3.Connection,
+    fence: dict[str, Any],
+    rows: list[dict[str, Any]],
+    stop: threading.Event | None,
 ) -> int | None:
-    conn.execute("BEGIN IMMEDIATE")
+    """The append; None if the fence refused it, or if ``stop`` was set before the commit."""
+    if not _begin(conn, stop):
+        return None
     try:
         if conn.execute(_SQLITE_RENEW, fence).fetchone() is None:
             conn.execute("ROLLBACK")
@@ -140,12 +190,102 @@ def _append(
         for offset, row in enumerate(rows):
             row["seq"] = first + offset
         conn.executemany(_INSERT, rows)
+        if stop is not None and stop.is_set():
+            conn.execute("ROLLBACK")
+            return None
         conn.execute("COMMIT")
         return int(last)
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _begin(conn: sqlite3.Connection, stop: threading.Event | None) -> bool:
+    """BEGIN IMMEDIATE; in the writer thread, waiting for the lock until ``stop`` or the busy
+    timeout. False if stopped."""
+    if stop is None:
+        conn.execute("BEGIN IMMEDIATE")
+        return True
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while not stop.is_set():
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return True
+        except sqlite3.OperationalError as error:
+            busy = "locked" in str(error) or "busy" in str(error)
+            if not busy or time.monotonic() >= deadline:
+                raise
+    return False
+
+
+class _Pool:
+    """At most ``size`` autocommit connections, opened when needed, taken first come first served.
+
+    A slot is held for the whole use of a connection and freed whatever became of it: a
+    connection the database dropped is closed, and whoever takes its slot next opens a fresh
+    one. (Counting open connections without waking anyone left the waiting appends blocked for
+    good once the database had dropped every connection.)
+    """
+
+    def __init__(self, conninfo: str, size: int) -> None:
+        self.conninfo = conninfo
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        async with self._slots:
+            conn = await self._take()
+            try:
+                yield conn
+            finally:
+                await self._give_back(conn)
+
+    async def _take(self) -> Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if _usable(conn):
+                return conn
+            await self._discard(conn)
+        conn = await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, application_name="sessionflow-append"
+        )
+        self._open.add(conn)
+        return conn
+
+    async def _give_back(self, conn: Connection) -> None:
+        if conn.closed or conn.broken or conn.info.transaction_status != IDLE:
+            await self._discard(conn)
+        else:
+            self._idle.append(conn)
+
+    async def _discard(self, conn: Connection) -> None:
+        self._open.discard(conn)
+        await conn.close()
+
+    async def close(self) -> None:
+        for conn in list(self._open):
+            await self._discard(conn)
+        self._idle.clear()
+
+
+def _usable(conn: Connection) -> bool:
+    """Whether an idle connection still looks alive, found without a round trip.
+
+    An idle connection with something to read was told something while idle: nearly always
+    that the server is closing it (a terminated backend, a shutdown, a restart).
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return not poller.poll(0)
+    except (psycopg.Error, OSError, ValueError):
+        return False
 
 
 class PostgresWriter:
@@ -156,34 +296,21 @@ class PostgresWriter:
     """
 
     def __init__(self, db: Database, *, size: int = 4) -> None:
-        self.conninfo = db.psycopg_conninfo
-        self.options = f"-csearch_path={db.schema}" if db.schema else None
         self.size = size
-        self._idle: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
-        self._opened = 0
-        self._all: list[psycopg.AsyncConnection[Any]] = []
-
-    async def _checkout(self) -> psycopg.AsyncConnection[Any]:
-        if self._idle.empty() and self._opened < self.size:
-            self._opened += 1
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.conninfo,
-                    autocommit=True,
-                    options=self.options,
-                    application_name="sessionflow-append",
-                )
-            except BaseException:
-                self._opened -= 1
-                raise
-            self._all.append(conn)
-            return conn
-        return await self._idle.get()
+        self._pool = _Pool(db.psycopg_conninfo, size)
 
     async def append(
-        self, fence: dict[str, Any], rows: list[dict[str, Any]], channel: str
-    ) -> int | None:
-        """The fenced append; the last seq written, or None if the fence refused it."""
+        self,
+        fence: dict[str, Any],
+        rows: list[dict[str, Any]],
+        channel: str,
+        on_commit: OnCommit,
+    ) -> bool:
+        """The fenced append, seqs assigned to ``rows``; False if the fence refused it.
+
+        ``on_commit`` runs right after the commit, as one unit with it; an append the database
+        aborted as a conflict runs again (``retry_conflicts``).
+        """
         params = {
             **fence,
             "agg": rows[0]["aggregate_id"],
@@ -194,24 +321,41 @@ class PostgresWriter:
             "datas": [row["data"] for row in rows],
             "channel": channel,
         }
-        conn = await self._checkout()
-        healthy = False
+        last = await retry_conflicts(lambda: self._attempt(params, rows, on_commit))
+        return last is not None
+
+    async def _attempt(
+        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> int | None:
         try:
-            cursor = await conn.execute(_PG_APPEND, params, prepare=True)
-            row = await cursor.fetchone()
-            healthy = True
-        finally:
-            if healthy or (not conn.closed and conn.info.transaction_status == IDLE):
-                self._idle.put_nowait(conn)
-            else:
-                # A broken connection is dropped; the next append opens a fresh one.
-                self._all.remove(conn)
-                self._opened -= 1
-                await conn.close()
-        last = row[0] if row is not None else None
-        return None if last is None else int(last)
+            # A cancellation while waiting for a connection stops the append; once the
+            # statement is sent, it and its announcement finish together (``settled``).
+            async with self._pool.connection() as conn:
+                return await settled(_commit(conn, params, rows, on_commit))
+        except psycopg.Error as error:
+            _raise_typed(error, rows)
 
     async def close(self) -> None:
-        for conn in self._all:
-            await conn.close()
-        self._all.clear()
+        await self._pool.close()
+
+
+async def _commit(
+    conn: Connection, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+) -> int | None:
+    cursor = await conn.execute(_PG_APPEND, params, prepare=True)
+    result = await cursor.fetchone()
+    if result is None or result[0] is None:
+        return None  # the fence refused it
+    last = int(result[0])
+    for offset, row in enumerate(rows):
+        row["seq"] = last - len(rows) + 1 + offset
+    on_commit()
+    return last
+
+
+def _raise_typed(error: BaseException, rows: list[dict[str, Any]]) -> NoReturn:
+    """Raise the store's typed error for a driver error on the hot path (or the error)."""
+    typed = unique_violation_error(error, rows) or store_error(error)
+    if typed is None:
+        raise error
+    raise typed from error

@@ -67,7 +67,7 @@ TRANSIENT_TYPES = frozenset(
         "InterfaceError",
         "DisconnectionError",
         "StoreUnavailableError",
-        "StoreConflictError",
+        "TransactionConflictError",
         "ConnectionError",
         "ConnectionRefusedError",
         "ConnectionResetError",

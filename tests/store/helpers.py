@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar, Literal
 
 import sqlalchemy as sa
@@ -39,3 +40,18 @@ async def rows(store: Store, sql: str, **params: Any) -> list[tuple[Any, ...]]:
 async def count(store: Store, table: str, where: str = "1=1", **params: Any) -> int:
     result = await rows(store, f"SELECT count(*) FROM {table} WHERE {where}", **params)
     return int(result[0][0])
+
+
+async def until_waiting_for(store: Store, pid: int) -> None:
+    """PostgreSQL: wait until some backend waits for a lock that backend ``pid`` holds."""
+    query = sa.text("SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))")
+    while True:
+        async with store.db.read() as conn:
+            if (await conn.execute(query, {"pid": pid})).scalar_one() > 0:
+                return
+        await asyncio.sleep(0.01)
+
+
+async def backend_pid(tx: Any) -> int:
+    """PostgreSQL: the backend of the transaction ``tx``."""
+    return int((await tx.conn.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one())

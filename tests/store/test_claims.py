@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -12,10 +14,14 @@ from sessionflow.errors import (
     ClaimLostError,
     SessionNotFoundError,
     StaleAttemptError,
+    StoreUnavailableError,
 )
 from sessionflow.models import events as ev
 from store import Store
-from tests.store.helpers import count, rows
+from store.claims import Claim
+from store.dialect import now_ms
+from tests.conftest import Target
+from tests.store.helpers import count, rows, until_waiting_for
 
 
 async def new_session(store: Store) -> str:
@@ -324,3 +330,112 @@ async def test_set_phase_is_fenced(store: Store) -> None:
     await expire(store, sid)
     with pytest.raises(ClaimLostError):
         await store.claims.set_phase(claim, "ready")
+
+
+# --- waits on the claim row (PostgreSQL: the only database where a row lock is waited for) -----
+
+
+@asynccontextmanager
+async def holding_the_claim_row(store: Store, sid: str) -> AsyncIterator[int]:
+    """Lock the session's claim row in another transaction while inside; yields its pid."""
+    locked: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with store.db.write() as tx:
+            lock = "SELECT pg_backend_pid() FROM session_execution WHERE session_id = :sid"
+            pid = (await tx.conn.execute(sa.text(f"{lock} FOR UPDATE"), {"sid": sid})).scalar_one()
+            locked.set_result(int(pid))
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    try:
+        yield await locked
+    finally:
+        release.set()
+        await holder
+
+
+async def db_now(store: Store) -> int:
+    async with store.db.read() as conn:
+        return int((await conn.execute(sa.select(now_ms(store.db.dialect)))).scalar_one())
+
+
+async def test_a_takeover_that_waited_for_the_row_lock_gets_a_claim_that_is_live(
+    postgres_target: Target,
+) -> None:
+    store = await postgres_target.open()
+    try:
+        sid = await new_session(store)
+        await store.claims.acquire(sid, "exec_dead", "owner-a")
+        await expire(store, sid)
+        lease = 300
+        async with holding_the_claim_row(store, sid) as holder:
+            taker = asyncio.create_task(
+                store.claims.acquire(sid, "exec_next", "owner-b", lease_ms=lease)
+            )
+            await until_waiting_for(store, holder)
+            await asyncio.sleep(2 * lease / 1000)  # the lock is held for longer than the lease
+        claim = await asyncio.wait_for(taker, 30)
+        assert claim.expires_at > await db_now(store)
+        assert await rows(store, "SELECT id, expires_at FROM session_execution") == [
+            ("exec_next", claim.expires_at)
+        ]
+    finally:
+        await store.close()
+
+
+async def test_an_acquire_does_not_wait_for_a_held_row_lock_beyond_its_lock_timeout(
+    postgres_target: Target,
+) -> None:
+    store = await postgres_target.open(lease_ms=1_200)
+    try:
+        sid = await new_session(store)
+        await store.claims.acquire(sid, "exec_a", "owner-a")
+        await expire(store, sid)
+        async with holding_the_claim_row(store, sid):
+            with pytest.raises(ClaimHeldError) as held:
+                await asyncio.wait_for(store.claims.acquire(sid, "exec_b", "owner-b"), 30)
+            # It gave up while the lock was still held: here, inside.
+        assert held.value.execution_id == "exec_a"
+        assert (await store.claims.acquire(sid, "exec_b", "owner-b")).epoch == 2
+    finally:
+        await store.close()
+
+
+async def test_a_stalled_owner_inside_a_transaction_cannot_block_a_takeover(
+    postgres_target: Target,
+) -> None:
+    """The stalled owner's idle transaction is ended by the server, well within the lease."""
+    store = await postgres_target.open(lease_ms=1_200)
+    stalled, resume = asyncio.Event(), asyncio.Event()
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a")
+
+    async def owner() -> None:
+        async with store.claims.fenced(claim) as tx:
+            stalled.set()
+            await resume.wait()  # SIGSTOP, a blocked loop: the row lock stays taken
+            await store.events.publish(ev.Synthetic(session_id=sid, text="late"), tx=tx)
+
+    async def take_over() -> Claim:
+        while True:
+            try:
+                return await store.claims.acquire(sid, "exec_b", "owner-b")
+            except ClaimHeldError:
+                await asyncio.sleep(0.05)
+
+    owner_task = asyncio.create_task(owner())
+    try:
+        await stalled.wait()
+        successor = await asyncio.wait_for(take_over(), 30)
+        assert not owner_task.done()  # the owner is still stalled inside its transaction
+        resume.set()
+        with pytest.raises(StoreUnavailableError):
+            await owner_task
+        assert successor.epoch == claim.epoch + 1
+        assert await rows(store, "SELECT seq FROM event WHERE type LIKE 'session.synthetic%'") == []
+    finally:
+        resume.set()
+        await asyncio.gather(owner_task, return_exceptions=True)
+        await store.close()

@@ -1,0 +1,176 @@
+"""The hot path's writers (``store.fast``) when the database drops, refuses or races them."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from sessionflow.errors import SequenceConflictError, StoreUnavailableError
+from sessionflow.models import events as ev
+from store import Store
+from store.claims import Claim
+from store.fast import PostgresWriter
+from tests.conftest import Target
+from tests.store.conftest import libpq, terminate_backends
+from tests.store.helpers import count, rows
+
+APPENDERS = 8  # more than the PostgreSQL writer holds connections
+AFTER_KILL = 5  # batches each surviving appender streams after the kill
+
+
+def deltas(sid: str, n: int, text: str = "tok") -> list[ev.Event]:
+    return [
+        ev.TextDelta(session_id=sid, assistant_message_id="msg_a", ordinal=0, delta=f"{text}{i}")
+        for i in range(n)
+    ]
+
+
+async def claimed(store: Store, n: int = 1) -> list[tuple[str, Claim]]:
+    out = []
+    for i in range(n):
+        sid = (await store.sessions.create("/work")).id
+        out.append((sid, await store.claims.acquire(sid, f"exec_{i}", f"owner-{i}")))
+    return out
+
+
+async def test_appends_waiting_for_a_connection_survive_their_backends_being_killed(
+    postgres_url: str, own_database: str
+) -> None:
+    store = await Target(own_database).open()
+    database = make_url(own_database).database
+    writer = store.writer
+    assert database is not None and isinstance(writer, PostgresWriter)
+    try:
+        appenders = await claimed(store, APPENDERS)
+        acked: dict[str, set[str]] = {sid: set() for sid, _ in appenders}
+        failed: dict[str, BaseException] = {}
+        streaming: set[str] = set()
+        all_streaming, killed = asyncio.Event(), asyncio.Event()
+
+        async def stream(sid: str, claim: Claim) -> None:
+            """Stream until cut off, or until a few batches went through after the kill."""
+            after_kill = 0
+            for batch in range(10_000):
+                streaming.add(sid)
+                if len(streaming) == APPENDERS:
+                    all_streaming.set()
+                try:
+                    stored = await store.append(claim, deltas(sid, 3, f"b{batch}_"))
+                except Exception as error:
+                    failed[sid] = error
+                    return
+                acked[sid].update(event.id for event in stored)
+                after_kill += killed.is_set()
+                if after_kill == AFTER_KILL:
+                    return
+
+        tasks = [asyncio.create_task(stream(sid, claim)) for sid, claim in appenders]
+        await all_streaming.wait()
+        # Hold every claim row: the appends holding a connection block on it, and the rest
+        # wait for a connection. Then the database drops every connection of the test.
+        locker = await psycopg.AsyncConnection.connect(libpq(own_database))
+        try:
+            await locker.execute("SELECT 1 FROM session_execution FOR UPDATE")
+            await asyncio.wait_for(
+                _until_blocked_by(postgres_url, database, locker.info.backend_pid, writer.size), 30
+            )
+            dropped = await asyncio.to_thread(terminate_backends, postgres_url, database)
+            killed.set()
+        finally:
+            await locker.close()  # killed with the others: its lock went with it
+        assert dropped > writer.size
+        # Every appender finishes or fails; none waits forever for a connection that is gone.
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert failed, "the appends in flight were cut off"
+        for sid, error in failed.items():
+            assert isinstance(error, StoreUnavailableError), repr(error)
+            retried = await store.append(dict(appenders)[sid], deltas(sid, 2, "retry"))
+            acked[sid].update(event.id for event in retried)
+        for sid, ids in acked.items():
+            stored = await rows(store, "SELECT id FROM event WHERE aggregate_id = :a", a=sid)
+            assert ids <= {row[0] for row in stored}, f"an acknowledged append of {sid} is lost"
+    finally:
+        await store.close()
+
+
+async def _until_blocked_by(admin_url: str, database: str, pid: int, n: int) -> None:
+    """Wait until ``n`` backends of ``database`` wait for a lock that ``pid`` holds."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = %s AND %s = ANY(pg_blocking_pids(pid))"
+    )
+    async with await psycopg.AsyncConnection.connect(libpq(admin_url), autocommit=True) as conn:
+        while True:
+            row = await (await conn.execute(query, [database, pid])).fetchone()
+            if row is not None and row[0] >= n:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_seq_taken_behind_the_allocator_is_a_typed_conflict(store: Store) -> None:
+    """Catalogue S1 on the hot path: the unique violation is mapped, nothing is partial."""
+    ((sid, claim),) = await claimed(store)
+    await store.append(claim, deltas(sid, 2))
+    async with store.db.write() as tx:  # a writer that bypassed the sequence row took seq 4
+        await tx.conn.execute(
+            sa.text(
+                "INSERT INTO event (id, aggregate_id, seq, created, type, data)"
+                " VALUES ('evt_intruder', :a, 4, 0, 'session.synthetic.1', '{}')"
+            ),
+            {"a": sid},
+        )
+    with pytest.raises(SequenceConflictError) as conflict:
+        await store.append(claim, deltas(sid, 3))
+    assert conflict.value.aggregate_id == sid
+    assert await count(store, "event", "aggregate_id = :a", a=sid) == 4
+    assert await store.events.latest_sequence(sid) == 2
+
+
+async def test_a_cancelled_sqlite_append_waiting_for_another_process_is_never_unannounced(
+    tmp_path: Path,
+) -> None:
+    """The writer-thread fallback: a cancelled append either does not commit, or commits and
+    is announced before the cancellation completes; it never commits later."""
+    path = tmp_path / "cancel.db"
+    store = await Target(f"sqlite+aiosqlite:///{path}").open()
+    try:
+        ((sid, claim),) = await claimed(store)
+        heard: list[int] = []
+        store.events.listen(lambda event: heard.append(event.seq))
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        task = asyncio.create_task(store.append(claim, deltas(sid, 3, "cancelled")))
+        await asyncio.sleep(0.2)  # it went to the writer thread, which waits for the lock
+        assert not task.done()
+        task.cancel()
+        await asyncio.sleep(0)
+        blocker.execute("COMMIT")  # the lock frees while the cancellation is under way
+        blocker.close()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled = _seqs(path, sid, "cancelled")
+        assert cancelled in ([], [1, 2, 3])
+        assert heard == cancelled, "committed but never announced"
+        after = await store.append(claim, deltas(sid, 2, "after"))
+        assert [e.seq for e in after] == [len(cancelled) + 1, len(cancelled) + 2]
+    finally:
+        await store.close()  # after whatever the writer thread still had to do
+    assert _seqs(path, sid, "cancelled") == cancelled, "committed after it was cancelled"
+    assert heard == [*cancelled, *(e.seq for e in after)]
+
+
+def _seqs(path: Path, sid: str, text: str) -> list[int]:
+    """The seqs of the session's deltas whose text starts with ``text``, read with sqlite3."""
+    with closing(sqlite3.connect(path)) as conn:
+        found = conn.execute(
+            "SELECT seq FROM event WHERE aggregate_id = ? AND data LIKE ? ORDER BY seq",
+            (sid, f'%"delta":"{text}%'),
+        )
+        return [row[0] for row in found]
