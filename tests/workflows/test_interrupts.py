@@ -136,20 +136,24 @@ async def test_an_interrupt_nobody_answers_says_it_was_only_sent(
 async def test_an_interrupt_during_a_local_activity_waits_for_it_and_interrupts(
     temporal_env: WorkflowEnvironment, postgres_target: Target, tmp_path: Path
 ) -> None:
-    """``claim_and_prepare`` is held inside its transaction (another client locks the session
-    row) until the interrupt has been accepted: cut off there, it used to roll back the claim
-    and end the busy period failed "Cancelled"."""
-    store = await postgres_target.open()
+    """``claim_and_prepare`` is held inside its transaction (another client locks the session's
+    event sequence row, which its ``execution.started`` needs) until the interrupt has been
+    accepted: cut off there, it used to roll back the claim and end the busy period failed
+    "Cancelled"."""
+    # A long lease: the acquisition then waits on the row lock longer than a workflow task lasts.
+    store = await postgres_target.open(lease_ms=120_000)
     try:
         async with harness(temporal_env.client, store, tmp_path) as h:
             sid = await h.session([{"text": "must not be asked for"}])
             await h.client.prompt(sid, "Go", wake=False)
             async with await psycopg.AsyncConnection.connect(_libpq(postgres_target)) as locker:
                 await locker.execute(
-                    f'SELECT 1 FROM "{postgres_target.schema}".session WHERE id = %s FOR UPDATE',
+                    f'SELECT 1 FROM "{postgres_target.schema}".event_sequence'
+                    " WHERE aggregate_id = %s FOR UPDATE",
                     (sid,),
                 )
                 await h.client.wake(sid)
+                await h.until(lambda: _someone_waits_for(locker), timeout=30)
                 handle = h.client._handle(sid)
                 await handle.signal("interrupt", InterruptRequest(reason="user"))
                 # The local activity outlasts its workflow task, which hands over (a workflow
@@ -164,6 +168,15 @@ async def test_an_interrupt_during_a_local_activity_waits_for_it_and_interrupts(
     types = [e.data.type for e in log]
     assert types[-2:] == ["session.execution.started", "session.execution.interrupted"]
     assert h.requests() == []
+
+
+async def _someone_waits_for(locker: psycopg.AsyncConnection[Any]) -> bool:
+    """Another backend is blocked on a lock (the acquisition, on the locked row)."""
+    async with await psycopg.AsyncConnection.connect(locker.info.dsn) as probe:
+        row = await (
+            await probe.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        ).fetchone()
+    return bool(row and row[0])
 
 
 async def _handled_after_signal(handle: Any) -> bool:
