@@ -332,7 +332,7 @@ def resume(session: str = typer.Argument(..., help="Session id"), as_json: bool 
 
 
 @app.command()
-def compact(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def compact(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
     """Compact the session's history at its next step boundary; prints the compaction's id."""
 
     async def work() -> str:

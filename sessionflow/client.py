@@ -274,7 +274,7 @@ class SessionClient:
         request within a few seconds, ``NoWorkerError(sent=True)``: it runs when one polls.
         """
         info = await self.store.sessions.get(session_id)
-        queue = await self._queue(session_id)
+        queue = await self._queue(session_id) or self.task_queue
         await self._require_worker(session_id, queue)
         operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WORKFLOW_TYPE,
@@ -319,7 +319,12 @@ class SessionClient:
         if not await self.workers(queue):
             await handle.signal("interrupt", request)
             pending = len(await self.store.inputs.pending(session_id))
-            return Interruption("sent", str(NoWorkerError(queue, pending, sent=True)))
+            return Interruption(
+                "sent",
+                f"no worker is polling task queue {queue}: the interrupt is recorded and stops "
+                f"the session if it is busy when a worker polls; {pending} pending input(s) "
+                f"still run then",
+            )
         try:
             result = await handle.execute_update(
                 "interrupt",
@@ -382,7 +387,7 @@ class SessionClient:
         if not await self.workers(queue):
             raise NoWorkerError(queue, len(await self.store.inputs.pending(session_id)))
 
-    async def _queue(self, session_id: str, *, running_only: bool = False) -> Any:
+    async def _queue(self, session_id: str, *, running_only: bool = False) -> str | None:
         """The task queue of the session's open run; else this client's (None if
         ``running_only``)."""
         try:
@@ -392,7 +397,7 @@ class SessionClient:
                 raise
         else:
             if description.status is not None and description.status.name == "RUNNING":
-                return description.task_queue
+                return str(description.task_queue)
         return None if running_only else self.task_queue
 
     async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:  # noqa: ASYNC109

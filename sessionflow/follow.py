@@ -67,7 +67,7 @@ async def follow(
                 continue
             status = await client.status(session_id)
             if idle_now(status):
-                return last
+                return last or await last_terminal(client, session_id)
             if status.waiting_for_worker and not warned and on_waiting is not None:
                 on_waiting(f"{status.waiting_for_worker} Waiting.")
                 warned = True
@@ -76,6 +76,16 @@ async def follow(
         with contextlib.suppress(asyncio.CancelledError):
             await reader
         renderer.close()
+
+
+async def last_terminal(client: SessionClient, session_id: str) -> str | None:
+    """How the session's last busy period ended, when the watched events did not say
+    (``--after`` past it)."""
+    last = None
+    async for event in client.events(session_id):
+        if event.type in TERMINALS:
+            last = event.type
+    return last
 
 
 async def _next(
