@@ -120,7 +120,7 @@ async def test_interrupt_during_a_slow_tool(cli: tuple[Cli, Harness]) -> None:
         "status": "stopped",
         "detail": None,
     }
-    events = await run.watch(sid)
+    events = await run.watch(sid, code=3)  # the last busy period was interrupted
     assert events[-1]["type"] == "session.execution.interrupted"
     assert (await run.json("interrupt", sid)) == {
         "accepted": False,
@@ -294,7 +294,7 @@ async def test_compact_through_the_cli(cli: tuple[Cli, Harness]) -> None:
 
 
 async def test_one_store_wherever_the_cli_runs_and_reading_never_creates_one(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
+    temporal_env: WorkflowEnvironment, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """From a project's subdirectory, with no --database, the CLI uses the .sessionflow/ above
     it (the worker's store); relative workspace and script paths are the CLI's, stored
@@ -332,8 +332,7 @@ async def test_one_store_wherever_the_cli_runs_and_reading_never_creates_one(
             assert not (project / ".sessionflow").exists()
             assert not (tmp_path / "proj" / ".sessionflow").exists()
 
-            elsewhere = tmp_path / "elsewhere"
-            elsewhere.mkdir()
+            elsewhere = tmp_path_factory.mktemp("elsewhere")  # no .sessionflow/ above it
             lost = Cli(address, None, h.client.task_queue, cwd=elsewhere)
             for args in (("sessions",), ("status", sid)):
                 done = await lost.run(*args)
