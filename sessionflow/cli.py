@@ -490,6 +490,18 @@ def worker() -> None:
     run(worker_main)
 
 
+@app.command()
+def serve(
+    host: str = typer.Option(None, "--host", help="Default 127.0.0.1 (off it, a token is needed)"),
+    port: int = typer.Option(None, "--port", help="Default 8765"),
+) -> None:
+    """Serve the HTTP API and the live session page (settings: SESSIONFLOW_API_*)."""
+    from sessionflow.api.serve import ApiSettings, serve
+
+    api = ApiSettings.from_env(host=host, port=port)
+    run(lambda: serve(Options.address, Options.database_url(), Options.queue(), api))
+
+
 PORT = typer.Option(
     None, "--port", help="Dev server port when one is started (default: the --temporal port)"
 )

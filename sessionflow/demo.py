@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sessionflow.api.serve import dev_api
 from sessionflow.client import SessionClient
 from sessionflow.devstack import StackOptions, ensure_server, state_file
 from sessionflow.models.drain import workflow_id
@@ -98,11 +99,15 @@ async def run_demo(console: Console, options: StackOptions) -> None:
     task_queue = options.task_queue or DEMO_QUEUE
     client = SessionClient(temporal, store, task_queue=task_queue)
     try:
-        async with build_worker(temporal, store, task_queue=task_queue, tools=demo_tools()):
+        async with (
+            build_worker(temporal, store, task_queue=task_queue, tools=demo_tools()),
+            dev_api(temporal, store, task_queue=task_queue, temporal_ui=server.ui_url or "") as api,
+        ):
             session_id = await client.create_session(
                 workspace=str(workspace), model=f"scripted/{script}", title="demo"
             )
             console.print(f"[bold]session[/] {session_id}  [dim]workspace {workspace}[/]")
+            console.print(f"[bold]live page[/] {api}/view/{session_id}", soft_wrap=True)
             await client.prompt(session_id, "What is in this workspace?")
             outcome = await _stream(console, client, session_id)
     finally:

@@ -43,11 +43,14 @@ class DevServer:
     pid: int | None  # None when the server was already running
 
     @property
-    def ui(self) -> str:
+    def ui_url(self) -> str | None:
         if self.ui_port is None:
-            return "(UI port unknown: pass --ui-port to name it)"
-        host = self.address.rsplit(":", 1)[0]
-        return f"http://{host}:{self.ui_port}"
+            return None
+        return f"http://{self.address.rsplit(':', 1)[0]}:{self.ui_port}"
+
+    @property
+    def ui(self) -> str:
+        return self.ui_url or "(UI port unknown: pass --ui-port to name it)"
 
     def workflow_link(self, workflow_id: str, namespace: str = "default") -> str:
         return f"{self.ui}/namespaces/{namespace}/workflows/{workflow_id}"
@@ -262,6 +265,7 @@ def stop_server(state_dir: Path, port: int | str) -> bool:
 async def run_dev(console: Console, options: StackOptions) -> None:
     """``sessionflow dev``: the dev server (reused or started), a worker, the store; Ctrl-C
     stops the worker and, if this started it, the server."""
+    from sessionflow.api.serve import dev_api
     from sessionflow.logs import quiet_expected_failures
     from sessionflow.models.drain import TASK_QUEUE
     from sessionflow.settings import Settings
@@ -283,18 +287,22 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     reaper = asyncio.create_task(reap_orphans_forever())
     try:
         await ensure_sweep_schedule(client, task_queue=task_queue)
-        async with build_worker(
-            client,
-            store,
-            task_queue=task_queue,
-            tools=tools_from_env(settings),
-            sandboxed=settings.workflow_sandbox,
+        async with (
+            build_worker(
+                client,
+                store,
+                task_queue=task_queue,
+                tools=tools_from_env(settings),
+                sandboxed=settings.workflow_sandbox,
+            ),
+            dev_api(client, store, task_queue=task_queue, temporal_ui=server.ui_url or "") as api,
         ):
             started = "started" if server.pid else "already running"
             for label, value in (
                 ("Temporal", f"{server.address} ({started}), task queue {task_queue}"),
                 ("Temporal UI", server.ui),
                 ("store", options.database_url),
+                ("API and live page", api),
             ):
                 console.print(f"{label}: {value}", soft_wrap=True, highlight=False)
             console.print("worker running; Ctrl-C to stop")

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -259,8 +260,11 @@ async def _dev_lines(cwd: Path, port: int, *, check_pid: bool = False) -> list[s
     )
     try:
         assert process.stdout is not None
-        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(4)]
-        assert any("worker running" in line for line in lines), lines
+        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(5)]
+        assert lines[-1].startswith("worker running"), lines
+        api = lines[3].removeprefix("API and live page: ").strip()
+        health = await asyncio.to_thread(urllib.request.urlopen, f"{api}/healthz", timeout=10)
+        assert json.loads(health.read()) == {"store": True, "temporal": True, "streams": 0}
         pid_file = cwd / ".sessionflow" / f"temporal-{port}.pid"
         server_pid = int(pid_file.read_text()) if check_pid else None
         process.send_signal(signal.SIGINT)
