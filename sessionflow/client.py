@@ -23,6 +23,7 @@ from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowHandle,
+    WorkflowUpdateHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
@@ -64,6 +65,8 @@ WORKFLOW_TYPE = "SessionWorkflow"
 # A live worker long-polls its task queue about once a minute; one not seen for longer is gone.
 WORKER_SEEN_S = 90
 ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
+# A worker that just started polls within moments: look this long before saying there is none.
+NO_WORKER_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class SessionClient:
         """Create a session; its workspace and model are checked and made absolute first (a
         relative path is the caller's, not the worker's): a missing or non-directory workspace,
         an unknown provider or a script that does not load is an ``InvalidInputError``."""
+        if session_id is not None:
+            validate_id(session_id)  # the cheapest check first: before any file is read
         if max_active_tools < 1:
             raise ValueError(f"max_active_tools must be at least 1, got {max_active_tools}")
         if max_steps is not None and max_steps < 1:
@@ -273,6 +278,14 @@ class SessionClient:
         task queue it raises ``NoWorkerError`` and starts nothing; when no worker takes the
         request within a few seconds, ``NoWorkerError(sent=True)``: it runs when one polls.
         """
+        # Once asked, the busy period starts even if the caller stops waiting meanwhile (an
+        # HTTP long-poll that answers 202): only the wait for its outcome is cancellable.
+        handle = await asyncio.shield(self._start_resume(session_id))
+        outcome = await handle.result()
+        assert isinstance(outcome, Outcome)
+        return outcome
+
+    async def _start_resume(self, session_id: str) -> WorkflowUpdateHandle[Any]:
         info = await self.store.sessions.get(session_id)
         queue = await self._queue(session_id) or self.task_queue
         await self._require_worker(session_id, queue)
@@ -286,7 +299,7 @@ class SessionClient:
             static_summary=_summary(info),
         )
         try:
-            handle = await self.temporal.start_update_with_start_workflow(
+            return await self.temporal.start_update_with_start_workflow(
                 "resume",
                 ResumeRequest(request_id=str(uuid.uuid4())),
                 start_workflow_operation=operation,
@@ -297,9 +310,6 @@ class SessionClient:
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             pending = len(await self.store.inputs.pending(session_id))
             raise NoWorkerError(queue, pending, sent=True) from None
-        outcome = await handle.result()
-        assert isinstance(outcome, Outcome)
-        return outcome
 
     async def interrupt(
         self, session_id: str, reason: str = "user", *, request_id: str | None = None
@@ -316,7 +326,7 @@ class SessionClient:
         queue = await self._queue(session_id, running_only=True)
         if queue is None:
             return Interruption("idle")  # no open run: nothing to interrupt
-        if not await self.workers(queue):
+        if not await self._polled(queue):
             await handle.signal("interrupt", request)
             pending = len(await self.store.inputs.pending(session_id))
             return Interruption(
@@ -354,7 +364,7 @@ class SessionClient:
         queue = await self._queue(session_id, running_only=True)
         if queue is None:
             return SessionStatus(session_id, False, None, pending)
-        if not await self.workers(queue):
+        if not await self._polled(queue):
             return SessionStatus(
                 session_id, False, None, pending, str(NoWorkerError(queue, pending))
             )
@@ -383,8 +393,17 @@ class SessionClient:
         seen_after = time.time() - WORKER_SEEN_S
         return sum(1 for p in response.pollers if p.last_access_time.seconds >= seen_after)
 
+    async def _polled(self, queue: str) -> bool:
+        """Whether a worker polls ``queue``, looking again for a moment before saying no."""
+        deadline = time.monotonic() + NO_WORKER_GRACE_S
+        while not await self.workers(queue):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
     async def _require_worker(self, session_id: str, queue: str) -> None:
-        if not await self.workers(queue):
+        if not await self._polled(queue):
             raise NoWorkerError(queue, len(await self.store.inputs.pending(session_id)))
 
     async def _queue(self, session_id: str, *, running_only: bool = False) -> str | None:
@@ -401,14 +420,17 @@ class SessionClient:
         return None if running_only else self.task_queue
 
     async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:  # noqa: ASYNC109
-        """Wait until no busy period runs (never starts work)."""
+        """Wait until no busy period runs (never starts work). Work that waits for a worker
+        is not idle: this keeps waiting for one, up to ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             status = await self.status(session_id)
-            if not status.busy and not (status.drain and status.drain.pending_wake):
+            waiting = status.waiting_for_worker or (status.drain and status.drain.pending_wake)
+            if not status.busy and not waiting:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Session {session_id} still busy after {timeout} s")
+                why = f": {status.waiting_for_worker}" if status.waiting_for_worker else ""
+                raise TimeoutError(f"Session {session_id} still busy after {timeout} s{why}")
             await asyncio.sleep(0.05)
 
     # --- events ---------------------------------------------------------------------------------

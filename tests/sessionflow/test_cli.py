@@ -347,6 +347,12 @@ async def test_one_store_wherever_the_cli_runs_and_reading_never_creates_one(
             done = await lost.run("--database", f"sqlite+aiosqlite:///{missing}", "show", sid)
             assert done.returncode == 1 and "no store at" in done.stderr, done.stderr
             assert not (elsewhere / ".sessionflow").exists() and not missing.parent.exists()
+            down = await lost.run(
+                "--database", "postgresql+psycopg://root@127.0.0.1:1/x", "show", sid
+            )
+            assert down.returncode == 2, down.stderr
+            assert len(down.stderr.strip().splitlines()) == 1 and "Traceback" not in down.stderr
+            assert "cannot reach the store or Temporal (store postgresql" in down.stderr
             unknown = await run.run("status", "ses_unknown")
             assert unknown.returncode == 1
             assert f"store sqlite+aiosqlite:///{state / 'sessionflow.db'}" in unknown.stderr
