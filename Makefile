@@ -32,7 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)
-	$(VENV)/bin/sessionflow demo
+	$(VENV)/bin/sessionflow demo $(ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/store.py

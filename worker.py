@@ -1,6 +1,7 @@
 """Build and run the sessionflow worker: ``python worker.py``.
 
-Environment: ``SESSIONFLOW_DATABASE_URL`` (default a SQLite file under ``./.sessionflow/``),
+Environment: ``SESSIONFLOW_DATABASE_URL`` (default ``sessionflow.db`` in the nearest
+``.sessionflow/`` upward, see ``sessionflow/locate.py``),
 ``SESSIONFLOW_TEMPORAL_ADDRESS`` (default ``127.0.0.1:7233``), ``SESSIONFLOW_TASK_QUEUE``
 (default ``sessionflow``), ``SESSIONFLOW_NAMESPACE`` (default ``default``).
 """
@@ -42,8 +43,9 @@ from activities.tools.process import kill_running, reap_orphans
 from activities.tools.settings import ToolSettings, database_paths, platform_protected
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
-from sessionflow import telemetry
+from sessionflow import locate, telemetry
 from sessionflow.devstack import ensure_search_attribute
+from sessionflow.logs import quiet_expected_failures
 from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
 from sessionflow.settings import Settings
 from store import Store, open_store
@@ -214,7 +216,10 @@ async def main() -> None:
     address = os.environ.get("SESSIONFLOW_TEMPORAL_ADDRESS", "127.0.0.1:7233")
     task_queue = os.environ.get("SESSIONFLOW_TASK_QUEUE", TASK_QUEUE)
     namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")
-    store = await open_store(settings=settings)
+    quiet_expected_failures()
+    # The store the CLI finds from here too (the nearest .sessionflow/ upward), by absolute path.
+    database_url = locate.database_url(os.environ.get("SESSIONFLOW_DATABASE_URL"))
+    store = await open_store(database_url, settings=settings)
     client = await connect_patiently(address, namespace)
     await ensure_search_attribute(client, namespace)
     worker = build_worker(
@@ -232,7 +237,7 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("worker %s polling %s on %s", identity(), task_queue, address)
+    log.info("worker %s polling %s on %s, store %s", identity(), task_queue, address, database_url)
     reaper = asyncio.create_task(reap_orphans_forever())
     async with worker:
         await stop.wait()

@@ -1,8 +1,12 @@
-"""The ``sessionflow`` command line (typer + rich).
+"""The ``sessionflow`` command line (typer).
 
 Exit codes: 0 success; 1 a user error (unknown session, bad model reference, missing
-workspace, bad input); 2 no Temporal server or database reachable; 3 the session's busy
-period failed or was interrupted (``resume``).
+workspace, bad input, no store where one was expected); 2 no Temporal server, database or
+worker reachable; 3 the session's last busy period failed or was interrupted (``resume``,
+``watch --until-idle``).
+
+Everything heavy (Temporal, SQLAlchemy, the worker) is imported inside the commands, so
+``--help`` and a mistyped flag answer at once.
 """
 
 from __future__ import annotations
@@ -10,52 +14,111 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from sessionflow import telemetry
-from sessionflow.client import Interruption, SessionClient
-from sessionflow.errors import SessionflowError
-from sessionflow.models.common import Delivery
-from sessionflow.models.drain import TASK_QUEUE
-from sessionflow.settings import Settings
-from sessionflow.watch import TERMINALS, Renderer
+from sessionflow import locate
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Durable agent sessions.")
-console = Console()
-errors = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sessionflow.client import SessionClient
+
+DEFAULT_ADDRESS = "127.0.0.1:7233"
+USER_ERROR, UNREACHABLE, SESSION_FAILED = 1, 2, 3
 T = TypeVar("T")
 
-USER_ERROR, UNREACHABLE, SESSION_FAILED = 1, 2, 3
+
+def _epilog() -> str:
+    address = os.environ.get("SESSIONFLOW_TEMPORAL_ADDRESS", DEFAULT_ADDRESS)
+    return (
+        f"Store here: {locate.database_url()} (--database, else SESSIONFLOW_DATABASE_URL, else "
+        f"the nearest .sessionflow/ upward). Temporal: {address}."
+    )
+
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="Durable agent sessions.",
+    epilog=_epilog(),
+)
 
 
 class Options:
-    address: str = os.environ.get("SESSIONFLOW_TEMPORAL_ADDRESS", "127.0.0.1:7233")
-    database_url: str | None = None
-    task_queue: str = os.environ.get("SESSIONFLOW_TASK_QUEUE", TASK_QUEUE)
+    """The global options, as every command sees them."""
+
+    address: str = DEFAULT_ADDRESS
+    database: str | None = None
+    task_queue: str | None = None
+
+    @classmethod
+    def database_url(cls) -> str:
+        return locate.database_url(cls.database)
+
+    @classmethod
+    def queue(cls) -> str:
+        from sessionflow.models.drain import TASK_QUEUE
+
+        return cls.task_queue or TASK_QUEUE
+
+    @classmethod
+    def where(cls) -> str:
+        return f"store {cls.database_url()}, Temporal {cls.address}, task queue {cls.queue()}"
 
 
 @app.callback()
 def main(
-    temporal: str = typer.Option(Options.address, "--temporal", help="Temporal address"),
-    database: str = typer.Option(None, "--database", help="Store URL (default from settings)"),
-    task_queue: str = typer.Option(Options.task_queue, "--task-queue"),
+    temporal: str = typer.Option(
+        DEFAULT_ADDRESS,
+        "--temporal",
+        envvar="SESSIONFLOW_TEMPORAL_ADDRESS",
+        help="Temporal address HOST:PORT",
+    ),
+    database: str = typer.Option(
+        None,
+        "--database",
+        envvar="SESSIONFLOW_DATABASE_URL",
+        help="Store URL (default: .sessionflow/sessionflow.db in the nearest .sessionflow/ "
+        "upward from here, else here)",
+    ),
+    task_queue: str = typer.Option(
+        None,
+        "--task-queue",
+        envvar="SESSIONFLOW_TASK_QUEUE",
+        help="Task queue of the workers (default: sessionflow)",
+    ),
 ) -> None:
-    Options.address, Options.database_url, Options.task_queue = temporal, database, task_queue
+    Options.address, Options.database, Options.task_queue = temporal, database, task_queue
+
+
+def console() -> Console:
+    from rich.console import Console
+
+    return Console()
 
 
 def fail(message: str, code: int = USER_ERROR) -> typer.Exit:
-    errors.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def note(message: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True).print(
+        f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
 
 
 def run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -65,22 +128,65 @@ def run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except SessionflowError as error:
-        raise fail(str(error)) from None
-    except ValueError as error:
-        raise fail(str(error)) from None
-    except (ConnectionError, OSError, RuntimeError) as error:
-        raise fail(
-            f"cannot reach Temporal at {Options.address} or the store: {error}. "
-            f"Start the embedded stack with `sessionflow dev`, or pass --temporal.",
+    except BrokenPipeError:
+        # A reader that went away (``| head``) is not an error: stop writing, quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    except Exception as error:
+        raise _failure(error) from None
+
+
+def _failure(error: Exception) -> typer.Exit:
+    """One line for every error a user can meet; a traceback only for a defect."""
+    from sessionflow.errors import (
+        NotFoundError,
+        NoWorkerError,
+        SessionflowError,
+        StoreUnavailableError,
+    )
+
+    if isinstance(error, NoWorkerError | StoreUnavailableError):
+        return fail(str(error), UNREACHABLE)
+    if isinstance(error, NotFoundError):
+        return fail(f"{error} ({Options.where()})")
+    if isinstance(error, SessionflowError | ValueError):
+        return fail(str(error))
+    if _unreachable(error):
+        return fail(
+            f"cannot reach the store or Temporal ({Options.where()}): {_first_line(error)}. "
+            f"Start the embedded stack with `sessionflow dev`, or pass --temporal / --database.",
             UNREACHABLE,
-        ) from None
+        )
+    raise error
+
+
+def _unreachable(error: Exception) -> bool:
+    import sqlalchemy.exc
+
+    return isinstance(error, ConnectionError | OSError | RuntimeError | sqlalchemy.exc.DBAPIError)
+
+
+def _first_line(error: Exception) -> str:
+    cause = getattr(error, "orig", None) or error
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
 @asynccontextmanager
-async def session_client() -> AsyncIterator[SessionClient]:
+async def session_client(*, create: bool = False) -> AsyncIterator[SessionClient]:
+    """A client on the global options' store and Temporal. Only commands that write
+    (``create``) may bring a store into being; the others need one that exists."""
+    from sessionflow import telemetry
+    from sessionflow.client import SessionClient
     from sessionflow.devstack import connect
+    from sessionflow.settings import Settings
 
+    url = Options.database_url()
+    path = locate.sqlite_path(url)
+    if not create and path is not None and not path.is_file():
+        raise fail(
+            f"no store at {path}: create a session first (`sessionflow new`), run from the "
+            f"directory that holds its .sessionflow/, or pass --database",
+        )
     telemetry.configure(Settings.from_env().otel_exporter)
     temporal = await connect(Options.address, seconds=5)
     if temporal is None:
@@ -90,7 +196,7 @@ async def session_client() -> AsyncIterator[SessionClient]:
             UNREACHABLE,
         )
     client = await SessionClient.connect(
-        client=temporal, database_url=Options.database_url, task_queue=Options.task_queue
+        client=temporal, database_url=url, task_queue=Options.queue()
     )
     try:
         yield client
@@ -100,9 +206,12 @@ async def session_client() -> AsyncIterator[SessionClient]:
 
 def emit(value: Any, as_json: bool, text: str) -> None:
     if as_json:
-        print(json.dumps(value, ensure_ascii=False, default=str))
+        print(json.dumps(value, ensure_ascii=False, default=str), flush=True)
     else:
-        console.print(text, highlight=False)
+        console().print(text, highlight=False, soft_wrap=True)
+
+
+JSON = typer.Option(False, "--json", help="Print JSON instead of text")
 
 
 # --- sessions -----------------------------------------------------------------------------------
@@ -111,22 +220,24 @@ def emit(value: Any, as_json: bool, text: str) -> None:
 @app.command()
 def new(
     workspace: Path = typer.Option(..., "--workspace", help="Directory the tools work in"),
-    model: str = typer.Option(..., "--model", help="e.g. scripted/path/to/script.json"),
-    title: str = typer.Option("", "--title"),
-    max_active_tools: int = typer.Option(8, "--max-active-tools"),
-    max_steps: int = typer.Option(None, "--max-steps"),
-    as_json: bool = typer.Option(False, "--json"),
+    model: str = typer.Option(
+        ..., "--model", help="<provider>/<model>, e.g. scripted/path/to/script.json"
+    ),
+    title: str = typer.Option("", "--title", help="A title to find the session by"),
+    max_active_tools: int = typer.Option(
+        8, "--max-active-tools", help="Tools one session runs at once"
+    ),
+    max_steps: int = typer.Option(
+        None, "--max-steps", help="Model turns per prompt; the last one may not call tools"
+    ),
+    as_json: bool = JSON,
 ) -> None:
-    """Create a session and print its id."""
-    if not workspace.is_dir():
-        raise fail(f"workspace {workspace} does not exist: create it or pass another --workspace")
-
-    directory = str(workspace.resolve())
+    """Create a session and print its id (the workspace and the model are checked first)."""
 
     async def work() -> str:
-        async with session_client() as client:
+        async with session_client(create=True) as client:
             return await client.create_session(
-                workspace=directory,
+                workspace=str(workspace),
                 model=model,
                 title=title,
                 max_active_tools=max_active_tools,
@@ -137,52 +248,91 @@ def new(
     emit({"session_id": session_id}, as_json, session_id)
 
 
+@app.command("check-script")
+def check_script(
+    path: Path = typer.Argument(..., help="A scripted model's JSON file"),
+    as_json: bool = JSON,
+) -> None:
+    """Check a scripted model's file as `new` and a worker would; say what is wrong, where."""
+    from sessionflow.validate import check_script as check
+
+    try:
+        turns = check(path.resolve())
+    except ValueError as error:
+        raise fail(str(error)) from None
+    emit({"path": str(path.resolve()), "turns": turns}, as_json, f"{path}: {turns} turn(s), ok")
+
+
 @app.command()
 def prompt(
-    session: str,
-    text: str,
+    session: str = typer.Argument(..., help="Session id"),
+    text: str = typer.Argument(None, help="The prompt (or use --file, or pipe it on stdin)"),
+    file: Path = typer.Option(
+        None, "--file", help="Read the prompt from this file ('-' for stdin)", allow_dash=True
+    ),
     queue: bool = typer.Option(False, "--queue", help="Run after the current turn ends"),
     no_wake: bool = typer.Option(False, "--no-wake", help="Record only; run on the next wake"),
     input_id: str = typer.Option(None, "--id", help="Idempotency key (the message id)"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JSON,
 ) -> None:
     """Admit a prompt durably and wake the session."""
+    body = _prompt_text(text, file)
 
     async def work() -> Any:
         async with session_client() as client:
-            delivery: Delivery = "queue" if queue else "steer"
             return await client.prompt(
-                session, text, delivery=delivery, input_id=input_id, wake=not no_wake
+                session,
+                body,
+                delivery="queue" if queue else "steer",
+                input_id=input_id,
+                wake=not no_wake,
             )
 
     receipt = run(work)
-    emit(
-        {
-            "input_id": receipt.id,
-            "admitted_seq": receipt.admitted_seq,
-            "delivery": receipt.delivery,
-        },
-        as_json,
-        f"{receipt.id} admitted at seq {receipt.admitted_seq}",
-    )
+    value = {"input_id": receipt.id, "admitted_seq": receipt.admitted_seq}
+    value["delivery"] = receipt.delivery
+    emit(value, as_json, f"{receipt.id} admitted at seq {receipt.admitted_seq}")
+
+
+def _prompt_text(text: str | None, file: Path | None) -> str:
+    if text is not None and file is not None:
+        raise fail("give the prompt as an argument or with --file, not both")
+    if text is not None:
+        return text
+    if file is None and sys.stdin.isatty():
+        raise fail("no prompt: pass it as an argument, with --file PATH, or on stdin")
+    try:
+        raw = sys.stdin.buffer.read() if file is None or str(file) == "-" else file.read_bytes()
+        return raw.decode("utf-8")
+    except OSError as error:
+        raise fail(f"cannot read the prompt from {file}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise fail(f"the prompt is not UTF-8 (byte {error.start}): convert it first") from None
 
 
 @app.command()
-def resume(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Run the session now (or join its busy period) and print the outcome."""
+def resume(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
+    """Run the session now (or join its busy period) and print the outcome.
+
+    With nothing pending this asks the model once more on the existing history (one turn)."""
 
     async def work() -> Any:
         async with session_client() as client:
+            state = await client.status(session)
+            if not state.busy and not state.pending_inputs:
+                note("nothing is pending: resume asks the model once more on the history")
             return await client.resume(session)
 
     outcome = run(work)
-    emit(outcome.model_dump(mode="json"), as_json, outcome.type)
+    error = f": {outcome.error.message}" if outcome.error else ""
+    reason = f" ({outcome.reason})" if outcome.reason and not error else ""
+    emit(outcome.model_dump(mode="json"), as_json, f"{outcome.type}{reason}{error}")
     if outcome.type != "succeeded":
         raise typer.Exit(SESSION_FAILED)
 
 
 @app.command()
-def compact(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def compact(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
     """Compact the session's history at its next step boundary; prints the compaction's id."""
 
     async def work() -> str:
@@ -195,11 +345,12 @@ def compact(session: str, as_json: bool = typer.Option(False, "--json")) -> None
 
 @app.command()
 def interrupt(
-    session: str,
-    reason: str = typer.Option("user", "--reason"),
-    as_json: bool = typer.Option(False, "--json"),
+    session: str = typer.Argument(..., help="Session id"),
+    reason: str = typer.Option("user", "--reason", help="Recorded with the interruption"),
+    as_json: bool = JSON,
 ) -> None:
-    """Stop the running busy period; prints whether this request was the one accepted."""
+    """Stop the running busy period; says whether it stopped, found nothing, or is queued."""
+    from sessionflow.client import Interruption
 
     async def work() -> Interruption:
         async with session_client() as client:
@@ -209,14 +360,15 @@ def interrupt(
     text = {
         "stopped": "interrupted",
         "idle": "nothing to interrupt",
-        "sent": "sent, not confirmed: no worker answered; it takes effect when one polls",
+        "sent": f"queued, not stopped yet: {answer.detail or 'no worker answered'}",
     }[answer.status]
-    emit({"accepted": bool(answer), "status": answer.status}, as_json, text)
+    value = {"accepted": bool(answer), "status": answer.status, "detail": answer.detail}
+    emit(value, as_json, text)
 
 
 @app.command()
-def status(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Busy or idle, phase, step, running tools, pending inputs."""
+def status(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
+    """Busy or idle, phase, step, running tools, pending inputs; and a missing worker."""
 
     async def work() -> Any:
         async with session_client() as client:
@@ -225,47 +377,56 @@ def status(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
     state = run(work)
     drain = state.drain.model_dump(mode="json") if state.drain else None
     value = {"session_id": session, "busy": state.busy, "pending_inputs": state.pending_inputs}
-    value["drain"] = drain
-    phase = drain["phase"] if drain else "idle"
+    value |= {"drain": drain, "waiting_for_worker": state.waiting_for_worker}
+    phase = drain["phase"] if drain else ("waiting" if state.waiting_for_worker else "idle")
     tools = ", ".join(t["name"] for t in drain["running_tools"]) if drain else ""
     text = f"{'busy' if state.busy else 'idle'} · {phase} · {state.pending_inputs} pending"
-    emit(value, as_json, text + (f" · running {tools}" if tools else ""))
+    text += f" · running {tools}" if tools else ""
+    text += f" · {state.waiting_for_worker}" if state.waiting_for_worker else ""
+    emit(value, as_json, text)
 
 
 @app.command()
 def sessions(
-    directory: str = typer.Option(None, "--directory"),
-    search: str = typer.Option(None, "--search"),
+    directory: Path = typer.Option(None, "--directory", help="Only sessions in this workspace"),
+    search: str = typer.Option(None, "--search", help="Only titles containing this text"),
     roots: bool = typer.Option(False, "--roots", help="Only top-level sessions"),
-    limit: int = typer.Option(100, "--limit"),
-    as_json: bool = typer.Option(False, "--json"),
+    limit: int = typer.Option(100, "--limit", help="At most this many"),
+    as_json: bool = JSON,
 ) -> None:
     """Sessions, most recently updated first."""
+    from sessionflow.show import session_json
+
+    where = str(directory.expanduser().resolve()) if directory else None
 
     async def work() -> list[Any]:
         async with session_client() as client:
             return await client.list_sessions(
-                directory=directory, search=search, roots_only=roots, limit=limit
+                directory=where,
+                search=search,
+                roots_only=roots,
+                limit=limit,
             )
 
     found = run(work)
     if as_json:
-        print(json.dumps([_session_json(s) for s in found], ensure_ascii=False))
+        print(json.dumps([session_json(s) for s in found], ensure_ascii=False), flush=True)
         return
+    out = console()
+    if not found:
+        out.print(f"no sessions in {Options.database_url()}", style="dim", highlight=False)
     for info in found:
-        console.print(f"{info.id}  {info.title or '(untitled)'}  [dim]{info.directory}[/]")
-
-
-def _session_json(info: Any) -> dict[str, Any]:
-    value = asdict(info)
-    value["model"] = str(info.model) if info.model else None
-    value["tokens"] = info.tokens.model_dump()
-    return value
+        out.print(f"{info.id}  {info.title or '(untitled)'}  [dim]{info.directory}[/]")
 
 
 @app.command()
-def show(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
-    """The session's transcript."""
+def show(
+    session: str = typer.Argument(..., help="Session id"),
+    full: bool = typer.Option(False, "--full", help="Whole prompts and tool output, uncut"),
+    as_json: bool = JSON,
+) -> None:
+    """The session's transcript: prompts, answers, tool calls and their results."""
+    from sessionflow.show import Transcript
 
     async def work() -> list[Any]:
         async with session_client() as client:
@@ -275,57 +436,43 @@ def show(session: str, as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps([m.model_dump(mode="json") for m in messages], ensure_ascii=False))
         return
+    transcript = Transcript(console(), full=full)
     for message in messages:
-        _show(message)
-
-
-def _show(message: Any) -> None:
-    if message.type == "user":
-        console.print(f"[bold cyan]you[/] {message.text}", highlight=False)
-    elif message.type == "assistant":
-        console.print(f"[bold magenta]assistant[/] [dim]{message.model}[/]", highlight=False)
-        for part in message.content:
-            if part.type == "text":
-                console.print(part.text, highlight=False, markup=False)
-            elif part.type == "reasoning":
-                console.print(part.text, style="dim italic", highlight=False, markup=False)
-            else:
-                console.print(f"[yellow]tool {part.name}[/] [dim]{part.state.status}[/]")
-        if message.error:
-            console.print(f"[red]{message.error.type}: {message.error.message}[/]")
-    else:
-        console.print(f"[dim]{message.type}[/] {getattr(message, 'text', '')}", highlight=False)
+        transcript.show(message)
 
 
 @app.command()
 def watch(
-    session: str,
+    session: str = typer.Argument(..., help="Session id"),
     after: int = typer.Option(-1, "--after", help="Only events after this seq"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per stored event"),
-    until_idle: bool = typer.Option(False, "--until-idle", help="Stop when the session is idle"),
+    until_idle: bool = typer.Option(
+        False, "--until-idle", help="Replay everything, then stop once the session is idle"
+    ),
+    full: bool = typer.Option(False, "--full", help="All of each tool's output"),
 ) -> None:
-    """Follow the session's events live: history first, then new events as they commit."""
+    """Follow the session's events live: history first, then new events as they commit.
 
-    async def work() -> None:
+    With --until-idle the exit code is 3 when the last busy period failed or was interrupted."""
+    from sessionflow.follow import follow
+
+    async def work() -> str | None:
         async with session_client() as client:
             await client.session(session)
-            await follow(client, session, after=after, as_json=as_json, until_idle=until_idle)
+            return await follow(
+                client,
+                session,
+                console(),
+                after=after,
+                as_json=as_json,
+                until_idle=until_idle,
+                full=full,
+                on_waiting=note,
+            )
 
-    run(work)
-
-
-async def follow(
-    client: SessionClient, session_id: str, *, after: int, as_json: bool, until_idle: bool
-) -> None:
-    renderer = Renderer(console, as_json=as_json)
-    try:
-        async for event in client.events(session_id, after=after, follow=True):
-            renderer.render(event)
-            idle = until_idle and event.type in TERMINALS
-            if idle and not (await client.status(session_id)).busy:
-                return
-    finally:
-        renderer.close()
+    last = run(work)
+    if until_idle and last in ("session.execution.failed", "session.execution.interrupted"):
+        raise typer.Exit(SESSION_FAILED)
 
 
 # --- the stack ----------------------------------------------------------------------------------
@@ -333,69 +480,14 @@ async def follow(
 
 @app.command()
 def worker() -> None:
-    """Run a worker (settings from the environment)."""
+    """Run a worker on the global options' store, Temporal and task queue."""
+    # worker.main reads its settings from the environment: hand it the options the same way.
+    os.environ["SESSIONFLOW_DATABASE_URL"] = Options.database_url()
+    os.environ["SESSIONFLOW_TEMPORAL_ADDRESS"] = Options.address
+    os.environ["SESSIONFLOW_TASK_QUEUE"] = Options.queue()
     from worker import main as worker_main
 
     run(worker_main)
-
-
-@app.command()
-def dev(
-    ui_port: int = typer.Option(8233, "--ui-port"),
-) -> None:
-    """Start the embedded stack: Temporal dev server (UI), a worker and the SQLite store.
-
-    Ctrl-C stops the worker and, if this command started it, the dev server.
-    """
-    from sessionflow.api.serve import dev_api
-    from sessionflow.devstack import StackError, ensure_server, stop_server
-
-    async def work() -> None:
-        from store import open_store
-        from worker import (
-            build_worker,
-            ensure_sweep_schedule,
-            reap_orphans_forever,
-            tools_from_env,
-        )
-
-        # Ctrl-C from here on stops everything in order, whenever it comes.
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            server, client = await ensure_server(Options.address, ui_port=ui_port)
-        except StackError as error:
-            raise fail(str(error), UNREACHABLE) from None
-        settings = Settings.from_env()
-        store = await open_store(Options.database_url or settings.database_url, settings=settings)
-        reaper = asyncio.create_task(reap_orphans_forever())
-        try:
-            await ensure_sweep_schedule(client, task_queue=Options.task_queue)
-            async with (
-                build_worker(
-                    client,
-                    store,
-                    task_queue=Options.task_queue,
-                    tools=tools_from_env(settings),
-                    sandboxed=settings.workflow_sandbox,
-                ),
-                dev_api(client, store, task_queue=Options.task_queue, temporal_ui=server.ui) as api,
-            ):
-                console.print(f"Temporal UI: {server.ui}", soft_wrap=True, highlight=False)
-                console.print(f"store: {store.db.url}", soft_wrap=True, highlight=False)
-                console.print("worker running; Ctrl-C to stop")
-                console.print(f"API and live page: {api}", soft_wrap=True, highlight=False)
-                await stop.wait()
-                console.print("stopping the worker and the dev server…")
-        finally:
-            reaper.cancel()
-            await store.close()
-            if server.pid is not None:
-                stop_server()
-
-    run(work)
 
 
 @app.command()
@@ -407,19 +499,59 @@ def serve(
     from sessionflow.api.serve import ApiSettings, serve
 
     api = ApiSettings.from_env(host=host, port=port)
-    run(lambda: serve(Options.address, Options.database_url, Options.task_queue, api))
+    run(lambda: serve(Options.address, Options.database_url(), Options.queue(), api))
+
+
+PORT = typer.Option(
+    None, "--port", help="Dev server port when one is started (default: the --temporal port)"
+)
+UI_PORT = typer.Option(None, "--ui-port", help="Temporal UI port (default: a free one, 8233 first)")
+
+
+@app.command()
+def dev(port: int = PORT, ui_port: int = UI_PORT) -> None:
+    """Start the embedded stack: Temporal dev server (UI), a worker and the SQLite store.
+
+    Ctrl-C stops the worker and, if this command started it, the dev server."""
+    from sessionflow.devstack import run_dev
+
+    run(lambda: run_dev(console(), _stack_options(port, ui_port)))
 
 
 @app.command()
 def demo(
-    ui_port: int = typer.Option(8233, "--ui-port"),
-    state_dir: Path = typer.Option(Path(".sessionflow"), "--state-dir"),
+    port: int = PORT,
+    ui_port: int = UI_PORT,
+    state_dir: Path = typer.Option(
+        None, "--state-dir", help="Where the store and the dev server's state go"
+    ),
 ) -> None:
     """One command: a live session on the embedded default, with five tools in parallel."""
     from sessionflow.demo import run_demo
 
-    state = state_dir.resolve()
-    run(lambda: run_demo(console, Options.address, ui_port=ui_port, state_dir=state))
+    options = _stack_options(port, ui_port, state_dir)
+    run(lambda: run_demo(console(), options))
+
+
+def _stack_options(port: int | None, ui_port: int | None, state: Path | None = None) -> Any:
+    from sessionflow.devstack import StackOptions
+
+    state = state.resolve() if state else locate.state_dir()
+    database = Options.database
+    url = (
+        locate.database_url(database)
+        if database or os.environ.get("SESSIONFLOW_DATABASE_URL")
+        else f"sqlite+aiosqlite:///{state / locate.DATABASE_FILE}"
+    )
+    host, _, default_port = Options.address.rpartition(":")
+    return StackOptions(
+        host=host or "127.0.0.1",
+        port=port or int(default_port),
+        ui_port=ui_port,
+        state_dir=state,
+        database_url=url,
+        task_queue=Options.task_queue,
+    )
 
 
 if __name__ == "__main__":

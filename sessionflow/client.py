@@ -16,11 +16,16 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowHandle,
+    WorkflowUpdateHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
 )
 from temporalio.common import (
     SearchAttributeKey,
@@ -31,7 +36,8 @@ from temporalio.common import (
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
-from sessionflow import telemetry
+from sessionflow import locate, telemetry, validate
+from sessionflow.errors import NoWorkerError
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
@@ -56,6 +62,11 @@ from store.sessions import SessionInfo
 
 SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 WORKFLOW_TYPE = "SessionWorkflow"
+# A live worker long-polls its task queue about once a minute; one not seen for longer is gone.
+WORKER_SEEN_S = 90
+ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
+# A worker that just started polls within moments: look this long before saying there is none.
+NO_WORKER_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,8 @@ class Interruption:
     """
 
     status: Literal["stopped", "idle", "sent"]
+    # For ``sent``: why no worker answered (``NoWorkerError``'s message), when that is known.
+    detail: str | None = None
 
     def __bool__(self) -> bool:
         return self.status == "stopped"
@@ -102,6 +115,8 @@ class SessionStatus:
     busy: bool
     drain: DrainStatus | None
     pending_inputs: int
+    # Set when the session has work but no worker to do it: what to start, and where.
+    waiting_for_worker: str | None = None
 
 
 class SessionClient:
@@ -130,7 +145,7 @@ class SessionClient:
             )
         if store is None:
             settings = Settings.from_env()
-            store = await open_store(database_url or settings.database_url, settings=settings)
+            store = await open_store(locate.database_url(database_url), settings=settings)
         return cls(client, store, task_queue=task_queue)
 
     async def __aenter__(self) -> SessionClient:
@@ -161,6 +176,11 @@ class SessionClient:
         session_id: str | None = None,
         compaction: CompactionSettings | dict[str, Any] | None = None,
     ) -> str:
+        """Create a session; its workspace and model are checked and made absolute first (a
+        relative path is the caller's, not the worker's): a missing or non-directory workspace,
+        an unknown provider or a script that does not load is an ``InvalidInputError``."""
+        if session_id is not None:
+            validate_id(session_id)  # the cheapest check first: before any file is read
         if max_active_tools < 1:
             raise ValueError(f"max_active_tools must be at least 1, got {max_active_tools}")
         if max_steps is not None and max_steps < 1:
@@ -174,10 +194,10 @@ class SessionClient:
             chosen = CompactionSettings.model_validate(compaction)
             settings["compaction"] = chosen.model_dump(exclude_defaults=True)
         info = await self.store.sessions.create(
-            workspace,
+            validate.workspace(workspace),
             session_id=session_id,
             title=title,
-            model=ModelRef.parse(model) if isinstance(model, str) else model,
+            model=validate.model(model),
             settings=settings,
         )
         return info.id
@@ -251,8 +271,24 @@ class SessionClient:
         )
 
     async def resume(self, session_id: str) -> Outcome:
-        """Run the session (force) or join its running busy period; returns its outcome."""
+        """Run a busy period now, or join the running one; returns its outcome.
+
+        Like the reference's explicit resume, this forces a drain: with nothing pending it asks
+        the model once more on the existing history (one turn). With no worker polling the
+        task queue it raises ``NoWorkerError`` and starts nothing; when no worker takes the
+        request within a few seconds, ``NoWorkerError(sent=True)``: it runs when one polls.
+        """
+        # Once asked, the busy period starts even if the caller stops waiting meanwhile (an
+        # HTTP long-poll that answers 202): only the wait for its outcome is cancellable.
+        handle = await asyncio.shield(self._start_resume(session_id))
+        outcome = await handle.result()
+        assert isinstance(outcome, Outcome)
+        return outcome
+
+    async def _start_resume(self, session_id: str) -> WorkflowUpdateHandle[Any]:
         info = await self.store.sessions.get(session_id)
+        queue = await self._queue(session_id) or self.task_queue
+        await self._require_worker(session_id, queue)
         operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WORKFLOW_TYPE,
             DrainInput(session_id=session_id),
@@ -262,14 +298,18 @@ class SessionClient:
             search_attributes=_attributes(session_id),
             static_summary=_summary(info),
         )
-        outcome = await self.temporal.execute_update_with_start_workflow(
-            "resume",
-            ResumeRequest(request_id=str(uuid.uuid4())),
-            start_workflow_operation=operation,
-            result_type=Outcome,
-        )
-        assert isinstance(outcome, Outcome)
-        return outcome
+        try:
+            return await self.temporal.start_update_with_start_workflow(
+                "resume",
+                ResumeRequest(request_id=str(uuid.uuid4())),
+                start_workflow_operation=operation,
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                result_type=Outcome,
+                rpc_timeout=3 * ANSWER_TIMEOUT,
+            )
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            pending = len(await self.store.inputs.pending(session_id))
+            raise NoWorkerError(queue, pending, sent=True) from None
 
     async def interrupt(
         self, session_id: str, reason: str = "user", *, request_id: str | None = None
@@ -283,20 +323,32 @@ class SessionClient:
         request_id = request_id or f"interrupt-{uuid.uuid4()}"
         request = InterruptRequest(reason=reason, request_id=request_id)
         handle = self._handle(session_id)
+        queue = await self._queue(session_id, running_only=True)
+        if queue is None:
+            return Interruption("idle")  # no open run: nothing to interrupt
+        if not await self._polled(queue):
+            await handle.signal("interrupt", request)
+            pending = len(await self.store.inputs.pending(session_id))
+            return Interruption(
+                "sent",
+                f"no worker is polling task queue {queue}: the interrupt is recorded and stops "
+                f"the session if it is busy when a worker polls; {pending} pending input(s) "
+                f"still run then",
+            )
         try:
             result = await handle.execute_update(
                 "interrupt",
                 request,
                 id=request_id,
                 result_type=InterruptResult,
-                rpc_timeout=timedelta(seconds=10),
+                rpc_timeout=2 * ANSWER_TIMEOUT,
             )
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             await handle.signal("interrupt", request)
-            return Interruption("sent")
+            return Interruption("sent", f"no worker on task queue {queue} answered in time")
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
-                return Interruption("idle")  # no open run: nothing to interrupt
+                return Interruption("idle")  # the run closed meanwhile
             raise
         except Exception as error:
             if "already completed" in str(error):
@@ -305,27 +357,80 @@ class SessionClient:
         return Interruption("stopped" if result.accepted else "idle")
 
     async def status(self, session_id: str) -> SessionStatus:
+        """What the session does now. Answers within a few seconds even when no worker runs:
+        then ``waiting_for_worker`` says which task queue needs one."""
         await self.store.sessions.get(session_id)
         pending = len(await self.store.inputs.pending(session_id))
-        drain: DrainStatus | None = None
+        queue = await self._queue(session_id, running_only=True)
+        if queue is None:
+            return SessionStatus(session_id, False, None, pending)
+        if not await self._polled(queue):
+            return SessionStatus(
+                session_id, False, None, pending, str(NoWorkerError(queue, pending))
+            )
         try:
-            description = await self._handle(session_id).describe()
+            drain = await self._handle(session_id).query(
+                "status", result_type=DrainStatus, rpc_timeout=ANSWER_TIMEOUT
+            )
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return SessionStatus(session_id, False, None, pending)
+            waiting = f"no worker on task queue {queue} answered within {ANSWER_TIMEOUT.seconds} s"
+            return SessionStatus(session_id, False, None, pending, waiting)
+        return SessionStatus(session_id, drain.busy, drain, pending)
+
+    async def workers(self, task_queue: str | None = None) -> int:
+        """How many workers polled ``task_queue`` (default this client's) for workflow tasks
+        in the last ``WORKER_SEEN_S`` seconds."""
+        request = DescribeTaskQueueRequest(
+            namespace=self.temporal.namespace,
+            task_queue=TaskQueue(name=task_queue or self.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+        response = await self.temporal.workflow_service.describe_task_queue(
+            request, timeout=ANSWER_TIMEOUT
+        )
+        seen_after = time.time() - WORKER_SEEN_S
+        return sum(1 for p in response.pollers if p.last_access_time.seconds >= seen_after)
+
+    async def _polled(self, queue: str) -> bool:
+        """Whether a worker polls ``queue``, looking again for a moment before saying no."""
+        deadline = time.monotonic() + NO_WORKER_GRACE_S
+        while not await self.workers(queue):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
+    async def _require_worker(self, session_id: str, queue: str) -> None:
+        if not await self._polled(queue):
+            raise NoWorkerError(queue, len(await self.store.inputs.pending(session_id)))
+
+    async def _queue(self, session_id: str, *, running_only: bool = False) -> str | None:
+        """The task queue of the session's open run; else this client's (None if
+        ``running_only``)."""
+        try:
+            description = await self._handle(session_id).describe(rpc_timeout=ANSWER_TIMEOUT)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+        else:
             if description.status is not None and description.status.name == "RUNNING":
-                drain = await self._handle(session_id).query("status", result_type=DrainStatus)
-        except RPCError:
-            drain = None
-        busy = drain is not None and drain.busy
-        return SessionStatus(session_id, busy, drain, pending)
+                return str(description.task_queue)
+        return None if running_only else self.task_queue
 
     async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:  # noqa: ASYNC109
-        """Wait until no busy period runs (never starts work)."""
+        """Wait until no busy period runs (never starts work). Work that waits for a worker
+        is not idle: this keeps waiting for one, up to ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
             status = await self.status(session_id)
-            if not status.busy and not (status.drain and status.drain.pending_wake):
+            waiting = status.waiting_for_worker or (status.drain and status.drain.pending_wake)
+            if not status.busy and not waiting:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Session {session_id} still busy after {timeout} s")
+                why = f": {status.waiting_for_worker}" if status.waiting_for_worker else ""
+                raise TimeoutError(f"Session {session_id} still busy after {timeout} s{why}")
             await asyncio.sleep(0.05)
 
     # --- events ---------------------------------------------------------------------------------

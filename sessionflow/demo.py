@@ -1,15 +1,14 @@
 """``sessionflow demo`` (and ``make demo``): a live session on the embedded default.
 
 It starts the Temporal dev server if none answers, runs a worker in this process on the SQLite
-store under ``./.sessionflow/``, creates a session in a fresh temporary workspace with a scripted
-model that calls five tools at once (list, read three files, a shell command), streams the session
-live, and prints the session id and the Temporal UI link to its workflow.
+store in the nearest ``.sessionflow/``, creates a session in a fresh temporary workspace with a
+scripted model that calls five tools at once (list, read three files, a shell command), streams
+the session live, and prints the session id and the Temporal UI link to its workflow.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from rich.console import Console
 
 from sessionflow.api.serve import dev_api
 from sessionflow.client import SessionClient
-from sessionflow.devstack import ensure_server
+from sessionflow.devstack import StackOptions, ensure_server, state_file
 from sessionflow.models.drain import workflow_id
 from sessionflow.settings import Settings
 from sessionflow.watch import TERMINALS, Renderer
@@ -77,29 +76,32 @@ def demo_script() -> dict[str, Any]:
     }
 
 
-async def run_demo(console: Console, address: str, *, ui_port: int, state_dir: Path) -> None:
-    """Run the demo; ``state_dir`` must be absolute (it holds the store and the script)."""
+async def run_demo(console: Console, options: StackOptions) -> None:
+    """Run the demo: the dev server (reused or started), a worker in this process, a session."""
+    from sessionflow.logs import quiet_expected_failures
     from store import open_store
     from worker import build_worker, demo_tools
 
-    server, temporal = await ensure_server(address, ui_port=ui_port, state_dir=state_dir)
-    started = "started" if server.pid else "already running"
-    console.print(f"[dim]Temporal dev server {started} at {address}; UI {server.ui}[/]")
-    settings = Settings.from_env()
-    url = os.environ.get("SESSIONFLOW_DATABASE_URL") or (
-        f"sqlite+aiosqlite:///{state_dir / 'sessionflow.db'}"
+    quiet_expected_failures()
+    server, temporal = await ensure_server(
+        options.address, ui_port=options.ui_port, state_dir=options.state_dir
     )
-    store = await open_store(url, settings=settings)
+    started = "started" if server.pid else "already running"
+    console.print(f"[dim]Temporal dev server {started} at {server.address}; UI {server.ui}[/]")
+    console.print(f"[dim]store {options.database_url}[/]", soft_wrap=True)
+    store = await open_store(options.database_url, settings=Settings.from_env())
     workspace = Path(tempfile.mkdtemp(prefix="sessionflow-demo-"))
     for name, text in FILES.items():
         (workspace / name).write_text(text)
-    script = state_dir / "demo-model.json"
+    options.state_dir.mkdir(parents=True, exist_ok=True)
+    script = options.state_dir / "demo-model.json"
     script.write_text(json.dumps(demo_script(), indent=2))
-    client = SessionClient(temporal, store, task_queue=DEMO_QUEUE)
+    task_queue = options.task_queue or DEMO_QUEUE
+    client = SessionClient(temporal, store, task_queue=task_queue)
     try:
         async with (
-            build_worker(temporal, store, task_queue=DEMO_QUEUE, tools=demo_tools()),
-            dev_api(temporal, store, task_queue=DEMO_QUEUE, temporal_ui=server.ui) as api,
+            build_worker(temporal, store, task_queue=task_queue, tools=demo_tools()),
+            dev_api(temporal, store, task_queue=task_queue, temporal_ui=server.ui_url or "") as api,
         ):
             session_id = await client.create_session(
                 workspace=str(workspace), model=f"scripted/{script}", title="demo"
@@ -115,6 +117,9 @@ async def run_demo(console: Console, address: str, *, ui_port: int, state_dir: P
     link = server.workflow_link(workflow_id(session_id))
     console.print(f"[bold]Temporal UI[/]  {link}", soft_wrap=True, highlight=False)
     console.print(f"[dim]find it there with: SessionId = '{session_id}'[/]", soft_wrap=True)
+    if server.pid:
+        pid_file = state_file(options.state_dir, options.port, "pid")
+        console.print(f"[dim]the dev server keeps running; stop it: kill $(cat {pid_file})[/]")
     if outcome != "session.execution.succeeded":
         raise RuntimeError(f"the demo session ended with {outcome}")
 

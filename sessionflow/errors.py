@@ -17,10 +17,11 @@
     │   ├── TransactionConflictError         serialization failures or deadlocks, retried in vain
     │   └── StoreUnavailableError            the database cannot be reached, timed out, read-only
     │       └── AdmissionUnavailableError    an admission failed its retries; it may have committed
-    └── ClaimError
-        ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
-        └── ClaimLostError                   the claim expired, was taken over or released: stop
-            └── StaleAttemptError            a write from an older step or tool attempt
+    ├── ClaimError
+    │   ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
+    │   └── ClaimLostError                   the claim expired, was taken over or released: stop
+    │       └── StaleAttemptError            a write from an older step or tool attempt
+    └── NoWorkerError                        no worker polls the session's task queue (client side)
 
 Every error says what was wrong and what to do. Activities translate these into Temporal
 ``ApplicationError``s whose ``type`` is the class name; ``ClaimLostError`` is non-retryable.
@@ -214,3 +215,19 @@ class StaleAttemptError(ClaimLostError):
         self.attempt = attempt
         self.current = current
         self.what = what
+
+
+class NoWorkerError(SessionflowError):
+    """No worker polls the task queue, so a request that needs one cannot be answered now."""
+
+    def __init__(self, task_queue: str, pending_inputs: int, *, sent: bool = False) -> None:
+        waiting = "input waits" if pending_inputs == 1 else "inputs wait"
+        done = "The request is recorded and runs when one polls. " if sent else ""
+        super().__init__(
+            f"no worker is polling task queue {task_queue} ({pending_inputs} pending {waiting} "
+            f"for one). {done}Start one with `sessionflow worker` or `sessionflow dev` on the "
+            f"same --temporal, --database and --task-queue."
+        )
+        self.task_queue = task_queue
+        self.pending_inputs = pending_inputs
+        self.sent = sent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -13,7 +13,8 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from sessionflow.client import ClientEvent
+if TYPE_CHECKING:
+    from sessionflow.client import ClientEvent
 
 TERMINALS = frozenset(
     {
@@ -24,8 +25,28 @@ TERMINALS = frozenset(
 )
 
 
+OUTPUT_LINES = 5  # tool output lines shown under a settled call unless --full
+
+
+def output_text(data: dict[str, Any]) -> str:
+    """The text parts of a tool result or progress event, joined."""
+    parts = data.get("content") or ()
+    return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+
+
+def clip(text: str, lines: int | None) -> tuple[list[str], int]:
+    """The first ``lines`` lines of ``text`` (all when None) and how many were left out."""
+    every = text.rstrip("\n").split("\n") if text.strip() else []
+    if lines is None or len(every) <= lines:
+        return every, 0
+    return every[:lines], len(every) - lines
+
+
 class RunningTools:
-    """A live table of the tools still running: a spinner, the tool, how long it has run."""
+    """A live table of the tools still running: a spinner, the tool, how long it has run.
+
+    Start times are the ``tool.called`` events' own stamps (ms), so a replayed call shows how
+    long it has really been running, not how long ago it was rendered."""
 
     def __init__(self, tools: dict[str, tuple[str, float]]) -> None:
         self.tools = tools
@@ -33,23 +54,27 @@ class RunningTools:
 
     def __rich__(self) -> RenderableType:
         table = Table.grid(padding=(0, 1))
-        now = time.monotonic()
+        now = time.time() * 1000
         for call_id, (name, started) in self.tools.items():
             spinner = self.spinners.setdefault(call_id, Spinner("dots", style="yellow"))
-            table.add_row(spinner, Text(name), Text(f"{now - started:.1f} s", style="dim"))
+            seconds = max(0.0, now - started) / 1000
+            table.add_row(spinner, Text(name), Text(f"{seconds:.1f} s", style="dim"))
         return Group(table)
 
 
 class Renderer:
-    """Streams text as it arrives, reasoning dimmed, tools with their durations, step usage.
+    """Streams text as it arrives, reasoning dimmed, tools with their durations (from the
+    events' stamps) and the first lines of their output (all of it with ``full``), step usage.
 
     On a terminal, running tools also show in a live table (spinners and durations) below the
     stream; elsewhere (pipes, logs) everything is plain lines.
     """
 
-    def __init__(self, console: Console, *, as_json: bool = False) -> None:
+    def __init__(self, console: Console, *, as_json: bool = False, full: bool = False) -> None:
         self.console = console
         self.as_json = as_json
+        self.output_lines: int | None = None if full else OUTPUT_LINES
+        self.created = 0
         self.prompts: dict[str, str] = {}
         self.tools: dict[str, tuple[str, float]] = {}
         self.open_line = False
@@ -86,6 +111,7 @@ class Renderer:
             }
             print(json.dumps({**record, "data": event.data}, ensure_ascii=False), flush=True)
             return
+        self.created = event.created
         handler = getattr(self, "_" + event.type.removeprefix("session.").replace(".", "_"), None)
         if handler is not None:
             handler(event.data)
@@ -136,7 +162,7 @@ class Renderer:
             self.open_line = False
 
     def _tool_called(self, data: dict[str, Any]) -> None:
-        self.tools[data["call_id"]] = (data["name"], time.monotonic())
+        self.tools[data["call_id"]] = (data["name"], float(self.created))
         summary = json.dumps(data["input"], ensure_ascii=False)
         summary = summary if len(summary) <= 80 else summary[:77] + "..."
         hosted = " [dim](provider)[/]" if data.get("executed") else ""
@@ -146,6 +172,20 @@ class Renderer:
     def _tool_success(self, data: dict[str, Any]) -> None:
         name, elapsed = self._finished(data["call_id"])
         self._line(f"[green]✓ {escape(name)}[/] [dim]{elapsed}[/]")
+        self._output(output_text(data))
+
+    def _tool_progress(self, data: dict[str, Any]) -> None:
+        name = self.tools.get(data["call_id"], (data["call_id"], 0.0))[0]
+        shown, _ = clip(output_text(data), 1)
+        detail = shown[0] if shown else json.dumps(data.get("structured") or {})
+        self._line(f"[dim]… {escape(name)} {escape(detail)}[/]")
+
+    def _output(self, text: str) -> None:
+        shown, hidden = clip(text, self.output_lines)
+        for line in shown:
+            self._line(f"[dim]  │ {escape(line)}[/]")
+        if hidden:
+            self._line(f"[dim]  │ … {hidden} more line(s); --full shows all[/]")
 
     def _tool_failed(self, data: dict[str, Any]) -> None:
         name, elapsed = self._finished(data["call_id"])
@@ -153,9 +193,9 @@ class Renderer:
         self._line(f"[red]✗ {escape(name)}[/] [dim]{elapsed}[/] {escape(error['message'])}")
 
     def _finished(self, call_id: str) -> tuple[str, str]:
-        name, started = self.tools.pop(call_id, (call_id, time.monotonic()))
+        name, started = self.tools.pop(call_id, (call_id, float(self.created)))
         self._show_running()
-        return name, f"{(time.monotonic() - started) * 1000:.0f} ms"
+        return name, _duration(self.created - started)
 
     def _step_ended(self, data: dict[str, Any]) -> None:
         tokens = data.get("tokens") or {}
@@ -181,3 +221,7 @@ class Renderer:
 
     def _execution_interrupted(self, data: dict[str, Any]) -> None:
         self._line(f"[yellow]● interrupted[/] ({escape(data.get('reason') or 'user')})")
+
+
+def _duration(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"

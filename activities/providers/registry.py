@@ -18,9 +18,9 @@ from activities.providers.openai_chat import OpenAIChatProvider
 from activities.providers.openai_responses import OpenAIResponsesProvider
 from activities.providers.scripted import ScriptedProvider
 from activities.providers.settings import ProviderSettings
-from sessionflow.models.common import ModelRef
+from sessionflow.models.common import PROVIDER_IDS, ModelRef
 
-PROVIDER_IDS = ("openai", "openai-chat", "anthropic", "scripted")
+__all__ = ["PROVIDER_IDS", "environment_settings", "make_provider"]
 
 
 def make_provider(model: ModelRef, settings: ProviderSettings) -> Provider | None:

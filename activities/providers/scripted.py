@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,15 +122,110 @@ def load_script(path: Path) -> Script:
         cached = _LOADED.get(path)
         if cached is not None and cached[0] == version:
             return cached[1]
-        script = Script.model_validate_json(path.read_bytes())
+        script = parse_script(path, path.read_bytes())
     except FileNotFoundError as error:
         raise ScriptError(f"Scripted model file not found: {path}") from error
-    except ValidationError as error:
-        raise ScriptError(f"Invalid scripted model file {path}: {error}") from error
+    except IsADirectoryError as error:
+        raise ScriptError(f"Scripted model {path} is a directory, not a script file") from error
     if len(_LOADED) >= 256:
         _LOADED.clear()
     _LOADED[path] = (version, script)
     return script
+
+
+def check_script(path: Path, tool_inputs: Mapping[str, type[BaseModel]] | None = None) -> Script:
+    """Load the script as a worker would, and check each ``tool_call`` of a tool named in
+    ``tool_inputs`` against that tool's input fields (a misspelt input fails here, once,
+    instead of as a tool error in the middle of a session)."""
+    script = load_script(path)
+    problems: list[tuple[Loc, str]] = []
+    for t, turn in enumerate(script.turns):
+        for e, step in enumerate(turn.events):
+            model = tool_inputs.get(step.tool_call.name) if tool_inputs and step.tool_call else None
+            if model is None or step.tool_call is None:
+                continue
+            known = set(model.model_fields)
+            for key in step.tool_call.input:
+                if key not in known:
+                    takes = ", ".join(sorted(known)) or "no inputs"
+                    where = ("turns", t, "events", e, "tool_call", "input", key)
+                    problems.append(
+                        (where, f"{step.tool_call.name} has no input {key!r} (it takes {takes})")
+                    )
+    if problems:
+        raise ScriptError(_describe(path, path.read_text(errors="replace"), problems))
+    return script
+
+
+Loc = tuple[int | str, ...]
+
+
+def parse_script(path: Path, raw: bytes) -> Script:
+    """The script in ``raw``; a ``ScriptError`` names the line and field of each problem."""
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ScriptError(
+            f"Invalid scripted model file {path}:{error.lineno}:{error.colno}: not JSON: "
+            f"{error.msg}"
+        ) from error
+    try:
+        return Script.model_validate_json(raw)
+    except ValidationError as error:
+        problems = [(tuple(e["loc"]), e["msg"]) for e in error.errors()]
+        raise ScriptError(_describe(path, text, problems)) from error
+
+
+def _describe(path: Path, text: str, problems: list[tuple[Loc, str]]) -> str:
+    positions = _positions(text)
+    lines = []
+    for loc, message in problems[:5]:
+        found = loc
+        while found and found not in positions:
+            found = found[:-1]
+        line = text.count("\n", 0, positions.get(found, 0)) + 1
+        lines.append(f"{path}:{line}: {_dotted(loc) or '(top)'}: {message}")
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    return "Invalid scripted model file: " + "; ".join(lines) + more
+
+
+def _dotted(loc: Loc) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _positions(text: str) -> dict[Loc, int]:
+    """Where each value of a valid JSON document starts, by its path (for error lines)."""
+    positions: dict[Loc, int] = {}
+    decoder = json.JSONDecoder()
+
+    def skip(i: int) -> int:
+        match = _SPACE.match(text, i)
+        return match.end() if match else i
+
+    def value(i: int, loc: Loc) -> int:
+        i = skip(i)
+        positions[loc] = i
+        opener = text[i : i + 1]
+        if opener not in ("{", "["):
+            return int(decoder.raw_decode(text, i)[1])
+        closer, i, index = ("}" if opener == "{" else "]"), skip(i + 1), 0
+        while text[i : i + 1] != closer:
+            if opener == "{":
+                key, i = decoder.raw_decode(text, i)
+                i = value(skip(i) + 1, (*loc, key))
+            else:
+                i = value(i, (*loc, index))
+                index += 1
+            i = skip(i)
+            i = skip(i + 1) if text[i : i + 1] == "," else i
+        return i + 1
+
+    value(0, ())
+    return positions
 
 
 class ScriptedProvider:

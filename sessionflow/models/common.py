@@ -68,6 +68,10 @@ class Tokens(Model):
         return int(value)
 
 
+# The providers a worker has adapters for (``activities/providers/registry.py``).
+PROVIDER_IDS = ("openai", "openai-chat", "anthropic", "scripted")
+
+
 class ModelRef(Model):
     """A model as ``<provider>/<id>``, e.g. ``scripted/demo.json`` or ``anthropic/claude``."""
 

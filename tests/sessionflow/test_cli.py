@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,27 +24,29 @@ ROOT = Path(__file__).parents[2]
 
 
 class Cli:
-    def __init__(self, address: str, database: str, task_queue: str) -> None:
-        self.base = [
-            sys.executable,
-            "-m",
-            "sessionflow.cli",
-            "--temporal",
-            address,
-            "--database",
-            database,
-            "--task-queue",
-            task_queue,
-        ]
+    def __init__(
+        self, address: str, database: str | None, task_queue: str, *, cwd: Path = ROOT
+    ) -> None:
+        self.base = [sys.executable, "-m", "sessionflow.cli", "--temporal", address]
+        self.base += ["--database", database] if database else []
+        self.base += ["--task-queue", task_queue]
+        self.cwd = cwd
 
-    async def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return await asyncio.to_thread(
+    async def run(
+        self, *args: str, timeout: float = 60, stdin: bytes | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        done = await asyncio.to_thread(
             subprocess.run,
             [*self.base, *args],
             capture_output=True,
-            text=True,
+            input=stdin,
             timeout=timeout,
-            cwd=ROOT,
+            cwd=self.cwd,
+            # The worktree's packages, whatever directory the command runs from.
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        return subprocess.CompletedProcess(
+            done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
         )
 
     async def json(self, *args: str) -> Any:
@@ -48,9 +54,10 @@ class Cli:
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    async def watch(self, session: str, *extra: str) -> list[dict[str, Any]]:
+    async def watch(self, session: str, *extra: str, code: int | None = 0) -> list[dict[str, Any]]:
+        """``watch --json --until-idle``'s events; its exit code must be ``code`` (any: None)."""
         done = await self.run("watch", session, "--json", "--until-idle", *extra)
-        assert done.returncode == 0, done.stderr
+        assert code is None or done.returncode == code, done.stderr
         return [json.loads(line) for line in done.stdout.splitlines()]
 
 
@@ -109,10 +116,18 @@ async def test_interrupt_during_a_slow_tool(cli: tuple[Cli, Harness]) -> None:
     await h.until(lambda: h.gate.active == 1)
     status = await run.json("status", sid)
     assert status["busy"] is True and status["drain"]["running_tools"][0]["name"] == "gate"
-    assert (await run.json("interrupt", sid)) == {"accepted": True, "status": "stopped"}
-    events = await run.watch(sid)
+    assert (await run.json("interrupt", sid)) == {
+        "accepted": True,
+        "status": "stopped",
+        "detail": None,
+    }
+    events = await run.watch(sid, code=3)  # the last busy period was interrupted
     assert events[-1]["type"] == "session.execution.interrupted"
-    assert (await run.json("interrupt", sid)) == {"accepted": False, "status": "idle"}
+    assert (await run.json("interrupt", sid)) == {
+        "accepted": False,
+        "status": "idle",
+        "detail": None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -149,7 +164,7 @@ async def test_a_bad_model_reference_is_refused(cli: tuple[Cli, Harness]) -> Non
 
 async def test_no_server_reachable_says_what_to_do(tmp_path: Path) -> None:
     cli = Cli("127.0.0.1:1", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", "q")
-    done = await cli.run("sessions")
+    done = await cli.run("new", "--workspace", str(tmp_path), "--model", "scripted/x.json")
     assert done.returncode == 2
     assert "sessionflow dev" in done.stderr and "Traceback" not in done.stderr
 
@@ -164,34 +179,35 @@ def _running(pid: int) -> bool:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+async def test_demo_then_dev_reuse_a_server_with_its_own_ui_port_and_state_per_port(
+    tmp_path: Path,
+) -> None:
+    """demo starts a dev server (UI port chosen free, recorded per port); dev from the same
+    directory reuses it and prints that UI, not 8233; a second dev on another port keeps its
+    own state files and Ctrl-C stops only the server it started; a port taken by something
+    else is named as such, and no pid file is left behind."""
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
     from sessionflow.devstack import stop_server
     from store import open_store
 
-    address, ui_port, state = f"127.0.0.1:{free_port()}", free_port(), tmp_path / "state"
-    command = [sys.executable, "-m", "sessionflow.cli", "--temporal", address, "demo"]
-    command += ["--ui-port", str(ui_port), "--state-dir", str(state)]
+    port, state = free_port(), tmp_path / ".sessionflow"
+    stack = Cli(f"127.0.0.1:{port}", None, "sessionflow-demo", cwd=tmp_path)
     try:
-        done = await asyncio.to_thread(
-            subprocess.run, command, capture_output=True, text=True, timeout=120, cwd=ROOT
-        )
+        done = await stack.run("demo", timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
+        ui_port = int((state / f"temporal-{port}.ui").read_text())
         session_id = next(
             line.split()[-1] for line in done.stdout.splitlines() if line.startswith("session id")
         )
-        assert f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/session-{session_id}" in (
-            done.stdout
-        )
+        link = f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/session-{session_id}"
+        assert link in done.stdout
         store = await open_store(f"sqlite+aiosqlite:///{state / 'sessionflow.db'}")
         try:
             page = await store.events.read_after(session_id)
@@ -199,46 +215,64 @@ async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
             assert len(settled) == 5
         finally:
             await store.close()
-        client = await Client.connect(address, data_converter=pydantic_data_converter)
-        query = f"SessionId = '{session_id}'"
+        client = await Client.connect(f"127.0.0.1:{port}", data_converter=pydantic_data_converter)
         found: list[str] = []
         for _ in range(50):  # visibility is eventually consistent
-            found = [w.id async for w in client.list_workflows(query)]
+            found = [w.id async for w in client.list_workflows(f"SessionId = '{session_id}'")]
             if found:
                 break
             await asyncio.sleep(0.2)
         assert found == [f"session-{session_id}"]
+
+        reused = await _dev_lines(tmp_path, port)
+        assert f"Temporal UI: http://127.0.0.1:{ui_port}" in reused[1], reused
+        assert "already running" in reused[0] and str(state / "sessionflow.db") in reused[2]
+        await client.count_workflows()  # the reused server outlived the dev that reused it
+
+        other = free_port()
+        lines = await _dev_lines(tmp_path, other, check_pid=True)
+        assert "(started)" in lines[0]
+        assert (state / f"temporal-{port}.pid").exists()  # the first one's state is untouched
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+            refused = await Cli(f"127.0.0.1:{busy}", None, "q", cwd=tmp_path).run("dev")
+        assert refused.returncode == 2
+        assert f"port {busy} on 127.0.0.1 is taken by something that is not a Temporal" in (
+            refused.stderr
+        )
+        assert not (state / f"temporal-{busy}.pid").exists()
     finally:
-        stop_server(state)
+        stop_server(state, port)
 
 
-async def test_dev_runs_the_stack_and_ctrl_c_stops_all_of_it(tmp_path: Path) -> None:
-    import os
-    import signal
-    import urllib.request
-
-    address, ui_port = f"127.0.0.1:{free_port()}", free_port()
-    command = [sys.executable, "-m", "sessionflow.cli", "--temporal", address, "dev"]
+async def _dev_lines(cwd: Path, port: int, *, check_pid: bool = False) -> list[str]:
+    """Run ``dev`` until its worker runs, then Ctrl-C it; its first lines."""
+    command = [sys.executable, "-m", "sessionflow.cli", "--temporal", f"127.0.0.1:{port}", "dev"]
     process = subprocess.Popen(
-        [*command, "--ui-port", str(ui_port)],
-        cwd=tmp_path,
+        command,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert process.stdout is not None
-        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(4)]
-        assert any("worker running" in line for line in lines), lines
-        api = lines[-1].removeprefix("API and live page: ").strip()
+        lines = [await asyncio.to_thread(process.stdout.readline) for _ in range(5)]
+        assert lines[-1].startswith("worker running"), lines
+        api = lines[3].removeprefix("API and live page: ").strip()
         health = await asyncio.to_thread(urllib.request.urlopen, f"{api}/healthz", timeout=10)
         assert json.loads(health.read()) == {"store": True, "temporal": True, "streams": 0}
-        server_pid = int((tmp_path / ".sessionflow" / "temporal.pid").read_text())
-        os.kill(server_pid, 0)  # the dev server runs
+        pid_file = cwd / ".sessionflow" / f"temporal-{port}.pid"
+        server_pid = int(pid_file.read_text()) if check_pid else None
         process.send_signal(signal.SIGINT)
         assert await asyncio.to_thread(process.wait, 30) in (0, 130)
-        await asyncio.sleep(1)
-        assert not _running(server_pid)
+        if server_pid is not None:
+            await asyncio.sleep(1)
+            assert not _running(server_pid) and not pid_file.exists()
+        return lines
     finally:
         if process.poll() is None:
             process.kill()
@@ -261,3 +295,241 @@ async def test_compact_through_the_cli(cli: tuple[Cli, Harness]) -> None:
     )
     missing = await run.run("compact", "ses_missing")
     assert missing.returncode == 1 and "ses_missing" in missing.stderr
+
+
+async def test_one_store_wherever_the_cli_runs_and_reading_never_creates_one(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """From a project's subdirectory, with no --database, the CLI uses the .sessionflow/ above
+    it (the worker's store); relative workspace and script paths are the CLI's, stored
+    absolute; prompts come from --file or stdin, of any size, NUL included; reading commands
+    elsewhere create nothing and name the store they looked for."""
+    state = tmp_path / ".sessionflow"
+    store = await Target(f"sqlite+aiosqlite:///{state / 'sessionflow.db'}").open()
+    project = tmp_path / "proj" / "sub"
+    project.mkdir(parents=True)
+    (project / "model.json").write_text(
+        json.dumps({"turns": [{"events": [{"text": "one"}]}, {"events": [{"text": "two"}]}]})
+    )
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            address = temporal_env.client.service_client.config.target_host
+            run = Cli(address, None, h.client.task_queue, cwd=project)
+            help_text = "".join((await run.run("--help")).stdout.split())
+            assert str(state / "sessionflow.db") in help_text
+            created = await run.json("new", "--workspace", ".", "--model", "scripted/model.json")
+            sid = created["session_id"]
+            info = await h.client.session(sid)
+            assert info.directory == str(project)
+            assert str(info.model) == f"scripted/{project / 'model.json'}"
+            big = "x" * 200_000 + "\x00 after a NUL"
+            (project / "prompt.txt").write_text(big)
+            from_file = await run.run("prompt", sid, "--file", "prompt.txt")
+            assert from_file.returncode == 0, from_file.stderr
+            await h.client.wait_idle(sid)
+            piped = await run.run("prompt", sid, "--queue", stdin=b"from stdin")
+            assert piped.returncode == 0, piped.stderr
+            events = await run.watch(sid)
+            assert [e["type"] for e in events].count("session.execution.succeeded") == 2
+            texts = [m.text for m in await h.messages(sid) if m.type == "user"]
+            assert texts == [big, "from stdin"]
+            assert not (project / ".sessionflow").exists()
+            assert not (tmp_path / "proj" / ".sessionflow").exists()
+
+            elsewhere = tmp_path_factory.mktemp("elsewhere")  # no .sessionflow/ above it
+            lost = Cli(address, None, h.client.task_queue, cwd=elsewhere)
+            for args in (("sessions",), ("status", sid)):
+                done = await lost.run(*args)
+                assert done.returncode == 1, done.stderr
+                wanted = f"no store at {elsewhere / '.sessionflow' / 'sessionflow.db'}"
+                assert wanted in done.stderr, done.stderr
+            missing = tmp_path / "nonexistent" / "dir" / "x.db"
+            done = await lost.run("--database", f"sqlite+aiosqlite:///{missing}", "show", sid)
+            assert done.returncode == 1 and "no store at" in done.stderr, done.stderr
+            assert not (elsewhere / ".sessionflow").exists() and not missing.parent.exists()
+            down = await lost.run(
+                "--database", "postgresql+psycopg://root@127.0.0.1:1/x", "show", sid
+            )
+            assert down.returncode == 2, down.stderr
+            assert len(down.stderr.strip().splitlines()) == 1 and "Traceback" not in down.stderr
+            assert "cannot reach the store or Temporal (store postgresql" in down.stderr
+            unknown = await run.run("status", "ses_unknown")
+            assert unknown.returncode == 1
+            assert f"store sqlite+aiosqlite:///{state / 'sessionflow.db'}" in unknown.stderr
+    finally:
+        await store.close()
+
+
+async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_the_options(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """No worker polls: status, resume and interrupt answer at once and name the task queue
+    and the pending inputs. Then `sessionflow worker` with the global options (not the
+    defaults) picks the session up; a script that fails to load at run time reaches resume
+    as the outcome's error text, and the worker logs it in one line."""
+    target = Target(f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
+    store = await target.open()
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        address = temporal_env.client.service_client.config.target_host
+        queue = h.client.task_queue
+        run = Cli(address, target.url, queue)
+        model = h.script([{"text": "at last"}])
+        sid = (await run.json("new", "--workspace", str(h.workspace), "--model", model))[
+            "session_id"
+        ]
+        await run.json("prompt", sid, "Anyone there?")
+        waiting = f"no worker is polling task queue {queue} (1 pending input waits for one)"
+        status = await run.json("status", sid)
+        assert status["busy"] is False and waiting in status["waiting_for_worker"]
+        resumed = await run.run("resume", sid)
+        assert resumed.returncode == 2 and waiting in resumed.stderr
+        interrupted = await run.json("interrupt", sid)
+        assert interrupted["status"] == "sent"
+        assert f"no worker is polling task queue {queue}" in interrupted["detail"]
+
+        gone = h.script([{"text": "never"}], name="gone.json")
+        broken = (await run.json("new", "--workspace", str(h.workspace), "--model", gone))[
+            "session_id"
+        ]
+        Path(gone.removeprefix("scripted/")).unlink()
+        await run.json("prompt", broken, "Go", "--no-wake")
+
+        log = (tmp_path / "worker.log").open("w")
+        worker = subprocess.Popen(
+            [*run.base, "worker"],
+            cwd=tmp_path,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "SESSIONFLOW_TOOLS": "builtin"},
+        )
+        try:
+            events = await run.watch(sid, code=None)
+            assert events[-1]["type"].startswith("session.execution.")
+            outcome = await run.run("resume", broken)
+            assert outcome.returncode == 3, outcome.stdout + outcome.stderr
+            assert "failed: ScriptError: Scripted model file not found" in outcome.stdout
+        finally:
+            worker.send_signal(signal.SIGINT)
+            await asyncio.to_thread(worker.wait, 30)
+            log.close()
+        logged = (tmp_path / "worker.log").read_text()
+        assert f"polling {queue} on {address}, store {target.url}" in logged
+        assert "(expected, handled): ScriptError" in logged and "Traceback" not in logged
+    await store.close()
+
+
+async def test_watch_replays_every_busy_period_and_says_how_the_last_one_ended(
+    cli: tuple[Cli, Harness], tmp_path: Path
+) -> None:
+    """--until-idle shows all busy periods, exits on an idle session even after its last seq,
+    and exits 3 when the last busy period failed; tool durations are the events' own; tool
+    output shows its first lines (all with --full); a closed pipe ends it quietly."""
+    run, h = cli
+    output = "\n".join(f"line {n}" for n in range(1, 13))
+    gate = h.gate_file("slow")
+    sid = await h.session(
+        [{"text": "first period"}],
+        [{"tool_call": {"id": "c1", "name": "gate", "input": {"gate": gate, "text": output}}}],
+        [{"text": "second period " * 400, "chunks": 400}],
+        [{"error": {"kind": "invalid_request", "message": "the model refused"}}],
+    )
+    await h.client.prompt(sid, "one")
+    await h.client.wait_idle(sid)
+    await h.client.prompt(sid, "two")
+    await h.until(lambda: h.gate.active == 1)
+    h.open_gate("slow")
+    await h.client.wait_idle(sid)
+    await h.client.prompt(sid, "three")
+    await h.client.wait_idle(sid)
+
+    events = await run.watch(sid, code=3)
+    ends = ("session.execution.succeeded", "session.execution.failed")
+    terminals = [e["type"] for e in events if e["type"] in ends]
+    assert terminals[-1] == "session.execution.failed"
+    assert terminals.count("session.execution.succeeded") == 2
+    called = next(e for e in events if e["type"] == "session.tool.called")
+    settled = next(e for e in events if e["type"] == "session.tool.success")
+    took = settled["created"] - called["created"]
+
+    text = await run.run("watch", sid, "--until-idle")
+    assert text.returncode == 3, text.stderr
+    assert "first period" in text.stdout and "second period" in text.stdout
+    assert f"✓ gate {took} ms" in text.stdout
+    assert "│ line 5" in text.stdout and "│ line 6" not in text.stdout
+    assert "7 more line(s); --full shows all" in text.stdout
+    assert "the model refused" in text.stdout
+    full = await run.run("watch", sid, "--until-idle", "--full")
+    assert "│ line 12" in full.stdout
+
+    after = await run.run("watch", sid, "--until-idle", "--after", str(events[-1]["seq"]))
+    assert after.returncode == 3 and after.stdout == "", after.stderr
+
+    err = tmp_path / "watch.err"
+    piped = await asyncio.to_thread(
+        subprocess.run,
+        f"{' '.join(run.base)} watch {sid} --json --until-idle 2>{err} | head -1; "
+        "exit ${PIPESTATUS[0]}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1
+    assert err.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("new", "--workspace", "{file}", "--model", "{model}"), "is not a directory"),
+        (("new", "--workspace", "{dir}", "--model", "foo/bar"), "Unknown model provider 'foo'"),
+        (("new", "--workspace", "{dir}", "--model", "scripted/missing.json"), "not found"),
+        (("new", "--workspace", "{dir}", "--model", "scripted/{bad}"), "{bad}:4: turns[0]"),
+        (("check-script", "{bad}"), "read has no input 'file' (it takes limit, offset, path)"),
+    ],
+)
+async def test_a_session_is_checked_when_it_is_created(
+    cli: tuple[Cli, Harness], args: tuple[str, ...], message: str
+) -> None:
+    run, h = cli
+    bad = h.root / "bad.json"
+    bad.write_text(
+        '{"turns": [\n  {"events": [\n    {"text": "hi"},\n'
+        '    {"tool_call": {"id": "c1", "name": "read", "input": {"file": "a.py"}}}\n  ]}\n]}'
+    )
+    (h.workspace / "a.py").write_text("")
+    names = {"file": str(h.workspace / "a.py"), "dir": str(h.workspace), "bad": str(bad)}
+    names["model"] = h.script([{"text": "x"}])
+    done = await run.run(*(a.format(**names) for a in args))
+    assert done.returncode == 1, done.stderr
+    assert message.format(**names) in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert await h.store.sessions.list() == []
+
+
+def test_help_is_plain_fast_and_complete() -> None:
+    """--help imports neither Temporal nor the store; every option says what it does; flags
+    render as flags."""
+    import typer.main
+
+    from sessionflow.cli import app
+
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['sessionflow', 'new', '--help']\n"
+        "try:\n    runpy.run_module('sessionflow.cli', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print([m for m in ('temporalio', 'sqlalchemy', 'store', 'rich') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert done.stdout.strip().endswith("[]"), done.stdout
+    assert "--json " in done.stdout and "<bool>" not in done.stdout
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for name, command in group.commands.items():
+        for param in command.params:
+            assert getattr(param, "help", None), f"{name} {param.name} has no help"

@@ -86,13 +86,13 @@ async def test_interrupt_and_status(api: Api) -> None:
     gate = api.h.gate_file("never")
     sid = await api.session([{"text": "working", "chunks": 2}, {"wait_for_file": gate}])
     idle = await api.http.post(f"/sessions/{sid}/interrupt")
-    assert idle.json() == {"status": "idle"}
+    assert idle.json() == {"status": "idle", "detail": None}
     await api.http.post(f"/sessions/{sid}/prompt", json={"text": "go"})
     await api.h.until(lambda: _phase(api, sid))
     status = (await api.http.get(f"/sessions/{sid}/status")).json()
     assert status["busy"] is True and status["drain"]["execution_id"]
     stopped = await api.http.post(f"/sessions/{sid}/interrupt", json={"reason": "user"})
-    assert stopped.status_code == 200 and stopped.json() == {"status": "stopped"}
+    assert stopped.status_code == 200 and stopped.json() == {"status": "stopped", "detail": None}
     await api.h.client.wait_idle(sid)
     assert (await api.h.types(sid))[-1] == "session.execution.interrupted"
     assert (await api.http.get(f"/sessions/{sid}/status")).json()["busy"] is False
