@@ -38,6 +38,7 @@ from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
 from activities.tools.builtin import default_registry
 from activities.tools.process import kill_running, reap_orphans
+from activities.tools.sandbox import describe as describe_sandbox
 from activities.tools.settings import ToolSettings, database_paths, platform_protected
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
@@ -85,9 +86,10 @@ def tools_from_env(settings: Settings | None = None) -> ToolRegistry:
 
 def builtin_tools(settings: Settings | None = None) -> list[Any]:
     """The built-ins, protecting the store's own SQLite files wherever they are."""
-    url = (settings or Settings.from_env()).database_url
-    protected = (*platform_protected(), *database_paths(url))
-    return default_registry(ToolSettings(protected_paths=protected)).tools()
+    settings = settings or Settings.from_env()
+    protected = (*platform_protected(), *database_paths(settings.database_url))
+    tool_settings = ToolSettings(protected_paths=protected, sandbox=settings.sandbox)
+    return default_registry(tool_settings).tools()
 
 
 def demo_tools(settings: Settings | None = None) -> ToolRegistry:
@@ -227,6 +229,8 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    shell = describe_sandbox(ToolSettings(sandbox=settings.sandbox))
+    (log.info if settings.sandbox and "unavailable" not in shell else log.warning)(shell)
     log.info("worker %s polling %s on %s", identity(), task_queue, address)
     reaper = asyncio.create_task(reap_orphans_forever())
     async with worker:

@@ -34,7 +34,7 @@ from store.tool_runs import ToolAttempt
 class ToolActivities:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self._workspaces: dict[str, Path] = {}
+        self._workspaces: dict[str, tuple[Path, bool]] = {}
 
     @activity.defn
     async def run_tool(self, request: ToolInput) -> ToolOutcome:
@@ -54,7 +54,7 @@ class ToolActivities:
             activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
-            part, workspace = await self._part(claim, request)
+            part, (workspace, network) = await self._part(claim, request)
             if part is None:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
             if isinstance(part.state, ToolCompleted | ToolError):
@@ -65,7 +65,7 @@ class ToolActivities:
                 return await self._settle(claim, run, error=error)
             if await self._take_call(claim, run, tool):
                 return await self._settle(claim, run, error=_outcome_unknown(request.name))
-            return await self._execute(claim, run, tool, part, workspace)
+            return await self._execute(claim, run, tool, part, workspace, network)
 
     async def _take_call(self, claim: Claim, run: ToolAttempt, tool: Any) -> bool:
         """Take the call for this attempt; whether an earlier attempt of a tool that is not
@@ -80,12 +80,15 @@ class ToolActivities:
             earlier = await self.rt.store.tool_runs.take(tx, run)
         return earlier is not None and earlier < run.attempt and not tool.retry_safe
 
-    async def _part(self, claim: Claim, request: ToolInput) -> tuple[ToolPart | None, Path]:
+    async def _part(
+        self, claim: Claim, request: ToolInput
+    ) -> tuple[ToolPart | None, tuple[Path, bool]]:
         store = self.rt.store
         workspace = self._workspaces.get(claim.session_id)
         if workspace is None:
-            # A session's workspace never changes: read it once per worker.
-            workspace = Path((await store.sessions.get(claim.session_id)).directory)
+            # A session's workspace and network setting never change: read once per worker.
+            session = await store.sessions.get(claim.session_id)
+            workspace = (Path(session.directory), bool(session.settings.get("network", False)))
             if len(self._workspaces) >= 10_000:
                 self._workspaces.clear()
             self._workspaces[claim.session_id] = workspace
@@ -95,7 +98,13 @@ class ToolActivities:
         return part, workspace
 
     async def _execute(
-        self, claim: Claim, run: ToolAttempt, tool: Any, part: ToolPart, workspace: Path
+        self,
+        claim: Claim,
+        run: ToolAttempt,
+        tool: Any,
+        part: ToolPart,
+        workspace: Path,
+        network: bool,
     ) -> ToolOutcome:
         async def progress(structured: dict[str, Any], text: str) -> None:
             await self._publish(
@@ -117,6 +126,7 @@ class ToolActivities:
             assistant_message_id=run.assistant_message_id,
             call_id=run.call_id,
             progress=progress,
+            network=network,
         )
         try:
             tool_input = tool.input_model.model_validate(getattr(part.state, "input", {}))

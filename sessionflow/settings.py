@@ -17,6 +17,9 @@ Environment variables (all optional):
 - ``SESSIONFLOW_TURN_TIMEOUT_S``: the longest one model turn may stream, in seconds (default
   3600). A turn heartbeats while it streams, so a dead worker is noticed within seconds
   whatever this is; a turn that outlives it is restarted like one whose worker died.
+- ``SESSIONFLOW_SANDBOX``: ``off`` runs ``bash`` commands without the bubblewrap sandbox
+  (default ``on``; an explicit opt-out, logged at worker start, never a fallback).
+- ``SESSIONFLOW_AGENTS``: a TOML or JSON file of custom agents (``activities/agents.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class Settings(BaseModel):
     workflow_sandbox: bool = False
     max_concurrent_activities: int = Field(default=1000, ge=1)
     turn_timeout_s: int = Field(default=3600, ge=1)
+    sandbox: bool = True
+    agents_file: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -55,6 +60,8 @@ class Settings(BaseModel):
             ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
             ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
             ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
+            ("sandbox", "SESSIONFLOW_SANDBOX"),
+            ("agents_file", "SESSIONFLOW_AGENTS"),
         ):
             if env.get(name):
                 values[field] = env[name]

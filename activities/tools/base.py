@@ -31,6 +31,8 @@ class ToolContext:
     assistant_message_id: str
     call_id: str
     progress: Callable[[dict[str, Any], str], Awaitable[None]]
+    # The session's ``network`` setting: whether ``bash`` may reach the network.
+    network: bool = False
 
     @property
     def idempotency_key(self) -> str:
