@@ -240,6 +240,7 @@ class Bash(Tool[BashInput]):
     )
     input_model = BashInput
     retry_safe = False
+    permission = "ask"
 
     def __init__(self, settings: ToolSettings | None = None) -> None:
         self.settings = settings or ToolSettings()

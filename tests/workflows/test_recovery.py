@@ -249,7 +249,11 @@ async def test_a_killed_workers_tool_processes_are_reaped(
         doomed = WorkerProcess(temporal_env, target, h.client.task_queue)
         workers.append(doomed)
         await doomed.ready()
-        sid = await h.session([call("b1", "bash", command=f"sleep {marker}")], [{"text": "x"}])
+        sid = await h.session(
+            [call("b1", "bash", command=f"sleep {marker}")],
+            [{"text": "x"}],
+            permissions=[{"tool": "bash", "action": "allow"}],
+        )
         await h.client.prompt(sid, "Go")
         await h.until(lambda: bool(_live_with(f"sleep {marker}")), timeout=30)
         # The worker records the group just after it starts: kill it once that is durable.
