@@ -43,6 +43,7 @@ from activities.tools.settings import ToolSettings, database_paths, platform_pro
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
 from sessionflow import telemetry
+from sessionflow.agents import Agents, load_agents
 from sessionflow.devstack import ensure_search_attribute
 from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
 from sessionflow.settings import Settings
@@ -140,6 +141,7 @@ def build_worker(
     sandboxed: bool = False,
     max_concurrent_activities: int = 1000,
     turn_timeout_s: int = 3600,
+    agents: Agents | None = None,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -162,6 +164,7 @@ def build_worker(
         tools=tools or default_registry(),
         providers=providers,
         turn_timeout_s=turn_timeout_s,
+        agents=agents or Agents(),
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
@@ -223,6 +226,7 @@ async def main() -> None:
         sandboxed=settings.workflow_sandbox,
         max_concurrent_activities=settings.max_concurrent_activities,
         turn_timeout_s=settings.turn_timeout_s,
+        agents=load_agents(settings.agents_file),
     )
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()

@@ -313,11 +313,13 @@ class SessionClient:
         *,
         answer: str | None = None,
         by: str | None = None,
+        wait: float = 10.0,
     ) -> RespondResult:
         """Answer a waiting permission ask or question (``once``, ``always``, ``reject``).
 
         The update's id is the request id, so a repeat is answered once. When no worker answers
-        in time the reply is sent as a durable signal, taken when a worker is back (``sent``).
+        in time (``wait`` seconds) the reply is sent as a durable signal, taken when a worker
+        is back (``sent``).
         """
         validate_id(request_id, "request")
         reply = PermissionReply(
@@ -331,7 +333,7 @@ class SessionClient:
                     reply,
                     id=request_id,
                     result_type=RespondResult,
-                    rpc_timeout=timedelta(seconds=10),
+                    rpc_timeout=timedelta(seconds=wait),
                 )
                 assert isinstance(result, RespondResult)
                 return result

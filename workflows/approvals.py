@@ -40,8 +40,13 @@ class Approvals:
         if request.kind == "question" and reply.decision != "reject" and reply.answer is None:
             raise ValueError("A question needs an answer (or reject, to cancel it)")
 
-    def take(self, reply: PermissionReply) -> bool:
-        if reply.request_id not in self.pending or reply.request_id in self.replies:
+    def take(self, reply: PermissionReply, *, early: bool = False) -> bool:
+        """Keep the first reply to a waiting request. ``early`` (the signal) keeps one for a
+        request not waiting yet: its ``run_tool`` recorded the ask and then lost its worker,
+        and a retry asks again."""
+        if reply.request_id in self.replies:
+            return False
+        if reply.request_id not in self.pending and not early:
             return False
         self.replies[reply.request_id] = reply
         return True

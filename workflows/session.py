@@ -289,8 +289,9 @@ class SessionWorkflow:
 
     @workflow.signal(name="respond")
     def respond_signal(self, reply: PermissionReply) -> None:
-        """The same answer when no worker took the update in time; unknown ones are dropped."""
-        self.approvals.take(reply)
+        """The same answer when no worker took the update in time (the client checked that
+        the store shows the request waiting)."""
+        self.approvals.take(reply, early=True)
 
     @workflow.query
     def status(self) -> DrainStatus:

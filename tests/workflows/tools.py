@@ -7,7 +7,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
+from activities.tools.base import (
+    PermissionRejected,
+    Tool,
+    ToolContext,
+    ToolOutput,
+    ToolRegistry,
+)
 from activities.tools.builtin import builtin_tools
 from activities.tools.testing import Defect, Echo, Fail, Sleep
 
@@ -42,6 +48,17 @@ class Gate(Tool[GateInput]):
             self.active -= 1
 
 
+class Refuse(Tool[GateInput]):
+    """Refuses on permission grounds of its own (reference #64)."""
+
+    name = "refuse"
+    description = "Always refuses."
+    input_model = GateInput
+
+    async def execute(self, input: GateInput, context: ToolContext) -> ToolOutput:
+        raise PermissionRejected(f"Permission denied: {input.text or 'edit'}")
+
+
 def registry(gate: Gate) -> ToolRegistry:
     """The built-ins, the test tools, and this test's gate."""
-    return ToolRegistry([*builtin_tools(), Echo(), Sleep(), Fail(), Defect(), gate])
+    return ToolRegistry([*builtin_tools(), Echo(), Sleep(), Fail(), Defect(), Refuse(), gate])
