@@ -48,6 +48,8 @@ READ_ONLY_COMMANDS = (
     "grep *",
     "rg *",
     "pwd",
+    "true",
+    "false",
     "echo *",
     "which *",
     "file *",

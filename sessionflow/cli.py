@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from sessionflow import telemetry
+from sessionflow import cli_answers, telemetry
 from sessionflow.client import Interruption, SessionClient
 from sessionflow.errors import SessionflowError
 from sessionflow.models.common import Delivery
@@ -392,6 +392,8 @@ def demo(
     state = state_dir.resolve()
     run(lambda: run_demo(console, Options.address, ui_port=ui_port, state_dir=state))
 
+
+cli_answers.register(app, sys.modules[__name__])  # approve, deny, answer, agent
 
 if __name__ == "__main__":
     sys.exit(app())
