@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -15,6 +16,7 @@ from activities.tools.base import (
     ToolRegistry,
 )
 from activities.tools.builtin import builtin_tools
+from activities.tools.settings import ToolSettings
 from activities.tools.testing import Defect, Echo, Fail, Sleep
 
 
@@ -60,5 +62,9 @@ class Refuse(Tool[GateInput]):
 
 
 def registry(gate: Gate) -> ToolRegistry:
-    """The built-ins, the test tools, and this test's gate."""
-    return ToolRegistry([*builtin_tools(), Echo(), Sleep(), Fail(), Defect(), Refuse(), gate])
+    """The built-ins, the test tools, and this test's gate. ``SESSIONFLOW_SANDBOX=off`` (for a
+    worker process) runs bash unconfined, as a worker would."""
+    settings = ToolSettings(sandbox=os.environ.get("SESSIONFLOW_SANDBOX", "on") != "off")
+    return ToolRegistry(
+        [*builtin_tools(settings), Echo(), Sleep(), Fail(), Defect(), Refuse(), gate]
+    )
