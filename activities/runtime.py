@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
 from activities.tools.base import ToolRegistry
+from sessionflow.agents import Agents
 from sessionflow.errors import ClaimHeldError, ClaimLostError, SessionflowError
 from sessionflow.models.common import ModelRef
 from sessionflow.models.drain import ClaimRef
@@ -56,6 +57,7 @@ class Runtime:
     providers: ProviderFactory = default_providers
     turn_timeout_s: int = 3600  # Settings.turn_timeout_s
     batch_ms: int = 30  # Settings.batch_ms
+    agents: Agents = field(default_factory=Agents)
 
 
 def to_claim(ref: ClaimRef) -> Claim:

@@ -20,6 +20,7 @@ from activities.restart import (
 )
 from activities.runtime import Runtime, to_claim, to_ref, translated
 from activities.tools.changes import step_files
+from sessionflow.agents import UnknownAgentError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
@@ -37,7 +38,15 @@ from sessionflow.models.drain import (
     PrepareResult,
     Promotion,
 )
-from sessionflow.models.messages import AssistantMessage, Message, SyntheticMessage, ToolPart
+from sessionflow.models.messages import (
+    AssistantMessage,
+    Message,
+    SyntheticMessage,
+    ToolError,
+    ToolPart,
+    ToolRunning,
+)
+from sessionflow.models.permissions import PermissionReply
 from store.claims import Phase, Recovery
 from store.db import Tx
 from store.projector import load_message
@@ -128,8 +137,15 @@ class SessionActivities:
         sid = claim.session_id
         async with translated():
             session = await self.store.sessions.get(sid)
+            try:
+                agent = self.rt.agents.get(session.agent)
+            except UnknownAgentError as error:
+                failure = SessionError(type="unknown", message=str(error))
+                return PrepareResult(
+                    run=False, failure=failure, turn_timeout_s=self.rt.turn_timeout_s
+                )
             limits = {
-                "max_steps": session.settings.get("max_steps"),
+                "max_steps": session.settings.get("max_steps") or agent.max_steps,
                 "max_active_tools": session.settings.get("max_active_tools", 8),
                 "turn_timeout_s": self.rt.turn_timeout_s,
             }
@@ -243,7 +259,7 @@ class SessionActivities:
                 needs_continuation=bool(turn.calls) and message.error is None,
             )
         unsettled = [p for p in message.content if isinstance(p, ToolPart) and not p.settled]
-        events: list[ev.Event] = []
+        events: list[ev.Event | tuple[ev.Event, str]] = []
         failure = turn.step_failure
         if request.retry_at_ms is not None and turn.raw_error is not None:
             attempt = request.retry_attempt or 2
@@ -261,9 +277,15 @@ class SessionActivities:
             # Nothing renews the claim while the workflow waits: hold it past the retry.
             await self.store.claims.extend_until(tx, claim, request.retry_at_ms + claim.lease_ms)
             return FinishStepResult(ended=False)
+        rejected = _permission_rejected(message)
         if request.interrupted:
+            events += _settle_asks(message, unsettled, request.replies)
             events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in unsettled]
             failure = INTERRUPTED_STEP
+        elif rejected is not None:
+            # A tool refused on permission grounds: the step fails, no continuation (#64).
+            events += [_tool_failed(message, p, INTERRUPTED_TOOL) for p in unsettled]
+            failure = rejected
         elif request.infrastructure_error is not None:
             failure = request.infrastructure_error
             events += [_tool_failed(message, p, failure) for p in unsettled]
@@ -309,7 +331,7 @@ class SessionActivities:
         message: AssistantMessage,
         unsettled: list[ToolPart],
         turn: Any,
-        events: list[ev.Event],
+        events: list[ev.Event | tuple[ev.Event, str]],
         failure: SessionError | None,
     ) -> SessionError | None:
         local = [p for p in unsettled if not p.executed and p.state.status == "running"]
@@ -327,6 +349,43 @@ class SessionActivities:
         if hosted and turn.finish is None:
             return failure or RESULT_MISSING
         return failure
+
+
+def _permission_rejected(message: AssistantMessage) -> SessionError | None:
+    for part in message.content:
+        state = part.state if isinstance(part, ToolPart) else None
+        if isinstance(state, ToolError) and state.error.type == "permission.rejected":
+            return state.error
+    return None
+
+
+def _settle_asks(
+    message: AssistantMessage, unsettled: list[ToolPart], replies: tuple[PermissionReply, ...]
+) -> list[ev.Event | tuple[ev.Event, str]]:
+    """The asks the interrupted step leaves unanswered: each gets its reply, the person's when a
+    rejection stopped the step, else "interrupted"."""
+    given = {reply.request_id: reply for reply in replies}
+    events: list[ev.Event | tuple[ev.Event, str]] = []
+    for part in unsettled:
+        asked = part.state.asked if isinstance(part.state, ToolRunning) else None
+        if asked is None:
+            continue
+        reply = given.get(asked.request_id)
+        replied = (
+            ev.PermissionReplied(
+                session_id=message.session_id,
+                request_id=asked.request_id,
+                assistant_message_id=message.id,
+                call_id=part.call_id,
+                decision="reject",
+                message=reply.message if reply else None,
+                by=reply.by if reply else None,
+                reason="answered" if reply else "interrupted",
+            ),
+            f"evt_{asked.request_id}_replied",
+        )
+        events.append(replied)
+    return events
 
 
 def _restart_unanswered(messages: list[Message]) -> bool:

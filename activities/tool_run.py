@@ -18,8 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio import activity
 
+from activities.gate import Gate
 from activities.runtime import Runtime, heartbeating, to_claim, translated
-from activities.tools.base import ToolContext, ToolFailure, ToolOutput
+from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
 from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
@@ -28,13 +29,13 @@ from sessionflow.models.drain import ToolInput, ToolOutcome
 from sessionflow.models.messages import AssistantMessage, ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.projector import load_message
+from store.sessions import SessionInfo
 from store.tool_runs import ToolAttempt
 
 
 class ToolActivities:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self._workspaces: dict[str, Path] = {}
 
     @activity.defn
     async def run_tool(self, request: ToolInput) -> ToolOutcome:
@@ -54,7 +55,10 @@ class ToolActivities:
             activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
-            part, workspace = await self._part(claim, request)
+            session = await self.rt.store.sessions.get(claim.session_id)
+            part = await self.rt.store.sessions.tool_part(
+                claim.session_id, request.assistant_message_id, request.call_id
+            )
             if part is None:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
             if isinstance(part.state, ToolCompleted | ToolError):
@@ -63,9 +67,19 @@ class ToolActivities:
             if tool is None:
                 error = SessionError(type="tool.unknown", message=f"Unknown tool: {request.name}")
                 return await self._settle(claim, run, error=error)
+            gate = self.gate(session, claim, run, tool, part)
+            stopped = await (gate.check() if request.reply is None else gate.replied(request.reply))
+            if stopped is not None:
+                return stopped
             if await self._take_call(claim, run, tool):
                 return await self._settle(claim, run, error=_outcome_unknown(request.name))
-            return await self._execute(claim, run, tool, part, workspace)
+            answer = request.reply.answer if request.reply is not None else None
+            return await self._execute(claim, run, tool, part, session, answer)
+
+    def gate(
+        self, session: SessionInfo, claim: Claim, run: ToolAttempt, tool: Any, part: ToolPart
+    ) -> Gate:
+        return Gate(self, session, claim, run, tool, part)
 
     async def _take_call(self, claim: Claim, run: ToolAttempt, tool: Any) -> bool:
         """Take the call for this attempt; whether an earlier attempt of a tool that is not
@@ -80,22 +94,14 @@ class ToolActivities:
             earlier = await self.rt.store.tool_runs.take(tx, run)
         return earlier is not None and earlier < run.attempt and not tool.retry_safe
 
-    async def _part(self, claim: Claim, request: ToolInput) -> tuple[ToolPart | None, Path]:
-        store = self.rt.store
-        workspace = self._workspaces.get(claim.session_id)
-        if workspace is None:
-            # A session's workspace never changes: read it once per worker.
-            workspace = Path((await store.sessions.get(claim.session_id)).directory)
-            if len(self._workspaces) >= 10_000:
-                self._workspaces.clear()
-            self._workspaces[claim.session_id] = workspace
-        part = await store.sessions.tool_part(
-            claim.session_id, request.assistant_message_id, request.call_id
-        )
-        return part, workspace
-
     async def _execute(
-        self, claim: Claim, run: ToolAttempt, tool: Any, part: ToolPart, workspace: Path
+        self,
+        claim: Claim,
+        run: ToolAttempt,
+        tool: Any,
+        part: ToolPart,
+        session: SessionInfo,
+        answer: str | None,
     ) -> ToolOutcome:
         async def progress(structured: dict[str, Any], text: str) -> None:
             await self._publish(
@@ -113,10 +119,12 @@ class ToolActivities:
 
         context = ToolContext(
             session_id=claim.session_id,
-            workspace=workspace,
+            workspace=Path(session.directory),
             assistant_message_id=run.assistant_message_id,
             call_id=run.call_id,
             progress=progress,
+            network=bool(session.settings.get("network", False)),
+            answer=answer,
         )
         try:
             tool_input = tool.input_model.model_validate(getattr(part.state, "input", {}))
@@ -126,6 +134,9 @@ class ToolActivities:
         except ValidationError as invalid:
             message = f"Invalid input for {tool.name}: {invalid}"
             failure = SessionError(type="tool.execution", message=message)
+            return await self._settle(claim, run, failure)
+        except PermissionRejected as rejected:
+            failure = SessionError(type="permission.rejected", message=str(rejected))
             return await self._settle(claim, run, failure)
         except ToolFailure as refused:
             failure = SessionError(type="tool.execution", message=str(refused))

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from temporalio import activity
 
 from activities import compaction, context
+from activities.gate import session_rules
 from activities.history import (
     DEFAULT_SYSTEM,
     MAX_STEPS_PROMPT,
@@ -30,6 +31,7 @@ from activities.history import (
     prompt_cache_key,
     to_request_messages,
 )
+from activities.permissions import denies_everything
 from activities.providers import base as p
 from activities.providers.convert import sendable
 from activities.providers.errors import classify
@@ -38,6 +40,7 @@ from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
+from sessionflow.agents import Agent
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
@@ -58,7 +61,6 @@ _COUNT_REQUEST = Prepared(
         .returning(session_table.c.request_count)
     )
 )
-DEFAULT_AGENT = "build"
 
 
 class _CompactFirst(Exception):
@@ -89,24 +91,28 @@ class TurnActivities:
                     step=request.step,
                     compact=True,
                 )
-            assert session.model is not None
+            # Sampled once per attempt: a selection changing meanwhile applies to the next.
+            agent = self.rt.agents.get(session.agent)
+            model = ModelRef.parse(agent.model) if agent.model else session.model
+            assert model is not None
             last_step = request.max_steps is not None and step >= request.max_steps
+            hidden = self._hidden(session, agent)
             provider_request = await self._request(
-                claim, session, session.model, index, last_step, baseline
+                claim, session, model, index, last_step, baseline, agent, hidden
             )
             publisher = TurnPublisher(
                 session_id=claim.session_id,
                 assistant_message_id=request.assistant_message_id,
-                agent=session.agent or DEFAULT_AGENT,
-                model=session.model,
+                agent=agent.name,
+                model=model,
                 attempt=request.retry + 1,
             )
             if request.retry > 0:
                 publisher.start_assistant()  # a retry re-announces the same assistant message
-            stream = _Stream(self.rt, claim, request, publisher, last_step)
+            stream = _Stream(self.rt, claim, request, publisher, last_step, hidden)
             attributes: dict[str, str | int] = {
                 "session.id": claim.session_id,
-                "model": str(session.model),
+                "model": str(model),
                 "step": step,
             }
             with telemetry.tracer().start_as_current_span(
@@ -179,6 +185,15 @@ class TurnActivities:
             await self.rt.store.events.publish_many(events, tx=tx)
         return baseline
 
+    def _hidden(self, session: SessionInfo, agent: Agent) -> frozenset[str]:
+        """Tools the agent does not offer, or whose every call its rules deny."""
+        rules = session_rules(session, agent.permissions)
+        return frozenset(
+            name
+            for name in self.rt.tools.names()
+            if not agent.offers(name) or denies_everything(rules, name)
+        )
+
     async def _request(
         self,
         claim: Claim,
@@ -187,6 +202,8 @@ class TurnActivities:
         index: int,
         last_step: bool,
         baseline: str,
+        agent: Agent,
+        hidden: frozenset[str],
     ) -> p.ProviderRequest:
         messages = to_request_messages(
             current_history(await self.rt.store.sessions.messages(claim.session_id)), model
@@ -196,14 +213,15 @@ class TurnActivities:
                 p.RequestMessage(role="assistant", content=(p.TextPartIn(text=MAX_STEPS_PROMPT),))
             )
         # Built here, not from history: it needs the same care with lone surrogates.
-        system = sendable(session.settings.get("system") or DEFAULT_SYSTEM)
+        system = sendable(session.settings.get("system") or agent.system or DEFAULT_SYSTEM)
+        specs = tuple(spec for spec in self.rt.tools.specs() if spec.name not in hidden)
         return p.ProviderRequest(
             session_id=claim.session_id,
             request_index=index,
             model=model,
             system=tuple(part for part in (system, baseline) if part),
             messages=tuple(messages),
-            tools=() if last_step else tuple(self.rt.tools.specs()),
+            tools=() if last_step else specs,
             tool_choice="none" if last_step else None,
             prompt_cache_key=prompt_cache_key(claim.session_id),
         )
@@ -256,9 +274,10 @@ class _Stream:
         request: TurnInput,
         publisher: TurnPublisher,
         last_step: bool,
+        hidden: frozenset[str] = frozenset(),
     ) -> None:
         self.rt, self.claim, self.request, self.publisher = rt, claim, request, publisher
-        self.last_step = last_step
+        self.last_step, self.hidden = last_step, hidden
         self.began = self.last_flush = time.monotonic()
         self.calls: list[CallRef] = []
         self.ready: list[CallRef] = []
@@ -348,7 +367,7 @@ class _Stream:
             await courier
 
     def _available(self, call: CallRef) -> bool:
-        if not self.last_step:
+        if not self.last_step and call.name not in self.hidden:
             self.calls.append(call)
             return True
         error = SessionError(

@@ -33,6 +33,8 @@ on the same server. CPU seconds of this process and of the dev server, and how l
 one SQLite writer was held, show where the machine's time goes. ``--profile FILE`` also writes a
 cProfile of the event-loop thread during the throughput rounds and prints its top functions.
 
+Last, the cost of the shell sandbox and of a policy check (``bench/shell.py``).
+
 Targets: tool start <= 60 ms median, settle -> next request <= 80 ms median, throughput >= 50 %
 of the baseline.
 """
@@ -89,6 +91,7 @@ from activities.providers.scripted import ScriptedProvider  # noqa: E402
 from activities.runtime import ProviderFactory, default_providers  # noqa: E402
 from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry  # noqa: E402
 from activities.tools.testing import testing_registry  # noqa: E402
+from bench.shell import report as shell_costs_report  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, ClientEvent, SessionClient  # noqa: E402
 from sessionflow.models.common import ModelRef  # noqa: E402
 from sessionflow.models.drain import WORKFLOW_ID_PREFIX  # noqa: E402
@@ -808,6 +811,7 @@ async def main() -> None:
         try:
             store = await open_store(url, settings=Settings(database_url=url))
             await run(env, store, clock, root, workspace, shape, args)
+            await shell_costs_report()
         finally:
             if store is not None:
                 await store.close()

@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from sessionflow import locate
+from sessionflow import cli_answers, locate, telemetry
+from sessionflow.client import Interruption, SessionClient
+from sessionflow.errors import SessionflowError
+from sessionflow.models.drain import TASK_QUEUE
+from sessionflow.settings import Settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,7 +68,6 @@ class Options:
 
     @classmethod
     def queue(cls) -> str:
-        from sessionflow.models.drain import TASK_QUEUE
 
         return cls.task_queue or TASK_QUEUE
 
@@ -141,7 +144,6 @@ def _failure(error: Exception) -> typer.Exit:
     from sessionflow.errors import (
         NotFoundError,
         NoWorkerError,
-        SessionflowError,
         StoreUnavailableError,
     )
 
@@ -175,10 +177,8 @@ def _first_line(error: Exception) -> str:
 async def session_client(*, create: bool = False) -> AsyncIterator[SessionClient]:
     """A client on the global options' store and Temporal. Only commands that write
     (``create``) may bring a store into being; the others need one that exists."""
-    from sessionflow import telemetry
     from sessionflow.client import SessionClient
     from sessionflow.devstack import connect
-    from sessionflow.settings import Settings
 
     url = Options.database_url()
     path = locate.sqlite_path(url)
@@ -350,7 +350,6 @@ def interrupt(
     as_json: bool = JSON,
 ) -> None:
     """Stop the running busy period; says whether it stopped, found nothing, or is queued."""
-    from sessionflow.client import Interruption
 
     async def work() -> Interruption:
         async with session_client() as client:
@@ -553,6 +552,8 @@ def _stack_options(port: int | None, ui_port: int | None, state: Path | None = N
         task_queue=Options.task_queue,
     )
 
+
+cli_answers.register(app, sys.modules[__name__])  # approve, deny, answer, agent
 
 if __name__ == "__main__":
     sys.exit(app())

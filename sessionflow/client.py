@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -23,6 +23,7 @@ from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowHandle,
+    WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
@@ -37,7 +38,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import locate, telemetry, validate
-from sessionflow.errors import NoWorkerError
+from sessionflow.agents import Agents, load_agents
+from sessionflow.errors import NoWorkerError, RequestNotWaitingError
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
@@ -53,7 +55,15 @@ from sessionflow.models.drain import (
     WakeSignal,
     workflow_id,
 )
-from sessionflow.models.messages import Message
+from sessionflow.models.events import AgentSelected
+from sessionflow.models.messages import AssistantMessage, Message, ToolPart, ToolRunning
+from sessionflow.models.permissions import (
+    Decision,
+    PermissionReply,
+    PermissionRequest,
+    RespondResult,
+    Rule,
+)
 from sessionflow.settings import Settings
 from store import Store, open_store
 from store.events import StoredEvent
@@ -120,10 +130,18 @@ class SessionStatus:
 
 
 class SessionClient:
-    def __init__(self, client: Client, store: Store, *, task_queue: str = TASK_QUEUE) -> None:
+    def __init__(
+        self,
+        client: Client,
+        store: Store,
+        *,
+        task_queue: str = TASK_QUEUE,
+        agents: Agents | None = None,
+    ) -> None:
         self.temporal = client
         self.store = store
         self.task_queue = task_queue
+        self.agents = agents or Agents()
 
     @classmethod
     async def connect(
@@ -143,10 +161,10 @@ class SessionClient:
                 data_converter=pydantic_data_converter,
                 interceptors=telemetry.interceptors(),
             )
+        settings = Settings.from_env()
         if store is None:
-            settings = Settings.from_env()
             store = await open_store(locate.database_url(database_url), settings=settings)
-        return cls(client, store, task_queue=task_queue)
+        return cls(client, store, task_queue=task_queue, agents=load_agents(settings.agents_file))
 
     async def __aenter__(self) -> SessionClient:
         return self
@@ -175,6 +193,10 @@ class SessionClient:
         title: str = "",
         session_id: str | None = None,
         compaction: CompactionSettings | dict[str, Any] | None = None,
+        agent: str | None = None,
+        permissions: Sequence[Rule | dict[str, Any]] = (),
+        network: bool = False,
+        approval_timeout: float | None = None,
     ) -> str:
         """Create a session; its workspace and model are checked and made absolute first (a
         relative path is the caller's, not the worker's): a missing or non-directory workspace,
@@ -193,12 +215,18 @@ class SessionClient:
         if compaction is not None:
             chosen = CompactionSettings.model_validate(compaction)
             settings["compaction"] = chosen.model_dump(exclude_defaults=True)
+        if agent is not None:
+            self.agents.get(agent)  # an unknown name is an error here, at the edge
+        rules = [Rule.model_validate(r).model_dump(mode="json") for r in permissions]
+        optional = {"permissions": rules, "network": network, "approval_timeout": approval_timeout}
+        settings.update({key: value for key, value in optional.items() if value})
         info = await self.store.sessions.create(
             validate.workspace(workspace),
             session_id=session_id,
             title=title,
             model=validate.model(model),
             settings=settings,
+            agent=agent,
         )
         return info.id
 
@@ -355,6 +383,80 @@ class SessionClient:
                 return Interruption("idle")
             raise
         return Interruption("stopped" if result.accepted else "idle")
+
+    # --- permissions, questions, agents ---------------------------------------------------------
+
+    async def respond(
+        self,
+        session_id: str,
+        request_id: str,
+        decision: Decision,
+        message: str | None = None,
+        *,
+        answer: str | None = None,
+        by: str | None = None,
+        wait: float = 10.0,
+    ) -> RespondResult:
+        """Answer a waiting permission ask or question (``once``, ``always``, ``reject``).
+
+        The update's id is the request id, so a repeat is answered once. When no worker answers
+        in time (``wait`` seconds) the reply is sent as a durable signal, taken when a worker
+        is back (``sent``).
+        """
+        validate_id(request_id, "request")
+        reply = PermissionReply(
+            request_id=request_id, decision=decision, message=message, answer=answer, by=by
+        )
+        handle = self._handle(session_id)
+        for _ in range(50):
+            try:
+                result = await handle.execute_update(
+                    "respond",
+                    reply,
+                    id=request_id,
+                    result_type=RespondResult,
+                    rpc_timeout=timedelta(seconds=wait),
+                )
+                assert isinstance(result, RespondResult)
+                return result
+            except WorkflowUpdateRPCTimeoutOrCancelledError:
+                await self._waiting(session_id, request_id)
+                await handle.signal("respond", reply)
+                return RespondResult(status="sent", request_id=request_id)
+            except (WorkflowUpdateFailedError, RPCError):
+                # Recorded but not yet waiting (the workflow is a moment behind the store)?
+                await self._waiting(session_id, request_id)
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"Request {request_id} was not taken: try again")
+
+    async def answer(self, session_id: str, request_id: str, text: str) -> RespondResult:
+        """Answer a question the model asked: ``text`` is the question tool's result."""
+        return await self.respond(session_id, request_id, "once", answer=text)
+
+    async def waiting(self, session_id: str) -> list[PermissionRequest]:
+        """The permission asks and questions waiting for an answer, from the store."""
+        return [
+            part.state.asked
+            for message in await self.messages(session_id)
+            if isinstance(message, AssistantMessage)
+            for part in message.content
+            if isinstance(part, ToolPart)
+            and isinstance(part.state, ToolRunning)
+            and part.state.asked is not None
+        ]
+
+    async def _waiting(self, session_id: str, request_id: str) -> PermissionRequest:
+        waiting = await self.waiting(session_id)
+        found = next((r for r in waiting if r.request_id == request_id), None)
+        if found is None:
+            raise RequestNotWaitingError(session_id, request_id, [r.request_id for r in waiting])
+        return found
+
+    async def set_agent(self, session_id: str, agent: str) -> None:
+        """Select the session's agent; it applies from the next model turn on."""
+        self.agents.get(agent)  # an unknown name is an error here, at the edge
+        await self.store.sessions.get(session_id)
+        await self.store.events.publish(AgentSelected(session_id=session_id, agent=agent))
 
     async def status(self, session_id: str) -> SessionStatus:
         """What the session does now. Answers within a few seconds even when no worker runs:

@@ -7,7 +7,8 @@
     │   ├── UnencodableTextError             text for a model holding a lone surrogate
     │   └── UnsafeBindError                  the API asked to listen off loopback without a token
     ├── NotFoundError
-    │   └── SessionNotFoundError
+    │   ├── SessionNotFoundError
+    │   └── RequestNotWaitingError           an answer for a request that is unknown or settled
     ├── ConflictError
     │   ├── InputConflictError               same input id, different content
     │   └── LifecycleConflictError           an input projection contradicts stored state
@@ -93,6 +94,16 @@ class SessionNotFoundError(NotFoundError):
             f"Session not found: {session_id}. List sessions to find its id, or create it first."
         )
         self.session_id = session_id
+
+
+class RequestNotWaitingError(NotFoundError):
+    def __init__(self, session_id: str, request_id: str, waiting: list[str]) -> None:
+        listed = ", ".join(waiting) if waiting else "none"
+        super().__init__(
+            f"No request {request_id} waits for an answer in session {session_id}: it is "
+            f"unknown or already answered. Waiting now: {listed}"
+        )
+        self.session_id, self.request_id, self.waiting = session_id, request_id, waiting
 
 
 class ConflictError(SessionflowError):

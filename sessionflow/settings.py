@@ -20,6 +20,9 @@ Environment variables (all optional):
 - ``SESSIONFLOW_TURN_TIMEOUT_S``: the longest one model turn may stream, in seconds (default
   3600). A turn heartbeats while it streams, so a dead worker is noticed within seconds
   whatever this is; a turn that outlives it is restarted like one whose worker died.
+- ``SESSIONFLOW_SANDBOX``: ``off`` runs ``bash`` commands without the bubblewrap sandbox
+  (default ``on``; an explicit opt-out, logged at worker start, never a fallback).
+- ``SESSIONFLOW_AGENTS``: a TOML or JSON file of custom agents (``activities/agents.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Settings(BaseModel):
     max_concurrent_activities: int = Field(default=1000, ge=1)
     turn_timeout_s: int = Field(default=3600, ge=1)
     batch_ms: int = Field(default=30, ge=1, le=1000)
+    sandbox: bool = True
+    agents_file: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -60,6 +65,8 @@ class Settings(BaseModel):
             ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
             ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
             ("batch_ms", "SESSIONFLOW_BATCH_MS"),
+            ("sandbox", "SESSIONFLOW_SANDBOX"),
+            ("agents_file", "SESSIONFLOW_AGENTS"),
         ):
             if env.get(name):
                 values[field] = env[name]

@@ -5,8 +5,9 @@ Invariants (DESIGN "The claim"):
 - A live match is the same session, execution id, owner id and epoch with ``expires_at`` after
   the *database* clock. Epochs strictly increase per session across every claim ever taken
   (the last one issued is kept on the session row, which outlives released claims).
-- ``renew`` moves ``expires_at`` to db-now + lease only for a live match: an expired claim never
-  renews itself; only a new acquisition, with a new epoch, revives the session.
+- ``renew`` moves ``expires_at`` to db-now + lease (never earlier: a hold stays) only for a
+  live match: an expired claim never renews itself; only a new acquisition, with a new epoch,
+  revives the session.
 - ``fenced`` opens a write transaction that renews first (which locks the claim row on
   PostgreSQL; SQLite write transactions are exclusive), so a takeover waits for it or it fails
   with ``ClaimLostError`` and rolls back everything it wrote.
@@ -299,6 +300,15 @@ class Claims:
             )
         )
 
+    async def lease_again(self, tx: Tx, claim: Claim) -> None:
+        """Inside a fenced ``tx``: back to the ordinary lease (db now + lease), ending a hold
+        that ``extend_until`` made (a call that waited for a person was answered)."""
+        await tx.conn.execute(
+            execution_table.update()
+            .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
+            .values(expires_at=now_ms(tx.dialect) + claim.lease_ms)
+        )
+
     @asynccontextmanager
     async def fenced(self, claim: Claim, *, step_attempt: int | None = None) -> AsyncIterator[Tx]:
         """A write transaction that exists only while ``claim`` is live.
@@ -435,7 +445,11 @@ def _renew(*, attempt: bool) -> Prepared:
     attempt forward: a newer attempt fences out the older one's late writes."""
 
     def build(dialect: DialectName) -> Any:
-        values: dict[str, Any] = {"expires_at": now_ms(dialect) + sa.bindparam("lease")}
+        # Never shorter: a hold (``extend_until``, a call waiting for a person) outlives the
+        # renewals of the work that goes on meanwhile.
+        renewed = now_ms(dialect) + sa.bindparam("lease")
+        longest = sa.func.max if dialect == "sqlite" else sa.func.greatest
+        values: dict[str, Any] = {"expires_at": longest(_x.expires_at, renewed)}
         conditions = [
             _x.session_id == sa.bindparam("sid"),
             _x.id == sa.bindparam("eid"),

@@ -687,3 +687,34 @@ def _apply_tool(part: ToolPart, event: Any, now: int) -> bool:
     else:
         return isinstance(event, ev.ToolInputStarted)
     return True
+
+
+# --- permissions and questions ------------------------------------------------------------------
+
+
+@handles(ev.PermissionAsked, ev.PermissionReplied)
+async def _permission(tx: Tx, stored: StoredEvent, event: Any) -> None:
+    """The call's part shows what it waits on until it is answered; an ``always`` answer's
+    rules join the session's settings (``always``), where the policy reads them."""
+    request = event.request if isinstance(event, ev.PermissionAsked) else None
+    message_id = request.assistant_message_id if request else event.assistant_message_id
+    call_id = request.call_id if request else event.call_id
+    message = await load_message(tx, event.session_id, message_id)
+    part = message.tool(call_id) if isinstance(message, AssistantMessage) else None
+    if part is not None and isinstance(part.state, ToolRunning):
+        part.state.asked = request
+        await _save_message(tx, stored, message)
+    if isinstance(event, ev.PermissionReplied) and event.rules:
+        await _add_always_rules(tx, event)
+
+
+async def _add_always_rules(tx: Tx, event: ev.PermissionReplied) -> None:
+    row = (
+        await tx.conn.execute(
+            sa.select(session_table.c.settings).where(session_table.c.id == event.session_id)
+        )
+    ).first()
+    settings = dict(codec.loads(row[0]) or {}) if row is not None and row[0] else {}
+    rules = [*settings.get("always", []), *(r.model_dump(mode="json") for r in event.rules)]
+    settings["always"] = rules
+    await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})

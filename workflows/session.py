@@ -22,6 +22,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
+from workflows.approvals import Approvals
+
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.common import SessionError
     from sessionflow.models.drain import (
@@ -55,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         TurnInput,
         TurnResult,
     )
+    from sessionflow.models.permissions import PermissionReply, RespondResult
 
 MAX_RETRIES = 4
 # Failures that say nothing about the model: the turn's worker was killed, shut down, lost its
@@ -232,6 +235,7 @@ class SessionWorkflow:
         self.current_assistant: str | None = None
         self.tool_tasks: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
         self.running: dict[str, RunningTool] = {}
+        self.approvals = Approvals()
 
     # --- what the Temporal UI shows ---------------------------------------------------------------
 
@@ -251,6 +255,8 @@ class SessionWorkflow:
             details += f" · step {self.step} · turn {self.turns + 1}"
         if self.running:
             details += " · running " + ", ".join(t.name for t in self.running.values())
+        for ask in self.approvals.waiting():
+            details += f" · waiting for an answer: {ask.tool} `{ask.summary}` ({ask.request_id})"
         workflow.set_current_details(details)
 
     # --- handlers -------------------------------------------------------------------------------
@@ -284,6 +290,22 @@ class SessionWorkflow:
             for call in ready.calls:
                 self._start_tool(self.claim, ready.assistant_message_id, call.call_id, call.name)
 
+    @workflow.update
+    def respond(self, reply: PermissionReply) -> RespondResult:
+        """Answer a waiting call (the update id is the request id: a repeat is answered once)."""
+        self.approvals.take(reply)
+        return RespondResult(status="answered", request_id=reply.request_id)
+
+    @respond.validator
+    def _validate_respond(self, reply: PermissionReply) -> None:
+        self.approvals.validate(reply)
+
+    @workflow.signal(name="respond")
+    def respond_signal(self, reply: PermissionReply) -> None:
+        """The same answer when no worker took the update in time (the client checked that
+        the store shows the request waiting)."""
+        self.approvals.take(reply, early=True)
+
     @workflow.query
     def status(self) -> DrainStatus:
         return DrainStatus(
@@ -295,6 +317,7 @@ class SessionWorkflow:
             execution_id=self.claim.execution_id if self.claim else None,
             running_tools=tuple(self.running.values()),
             pending_wake=self.pending_wake,
+            waiting=self.approvals.waiting(),
         )
 
     def _interrupt(self, request: InterruptRequest) -> bool:
@@ -673,6 +696,21 @@ class SessionWorkflow:
         )
 
     async def _run_tool(self, request: ToolInput) -> ToolOutcome:
+        """Run the call; one that needs an answer waits for it holding no slot, then runs
+        again carrying it. A rejection without a message stops the step (reference #61)."""
+        outcome = await self._run_tool_once(request)
+        while outcome.status == "ask" and outcome.ask is not None:
+            self._show_details()
+            reply = await self.approvals.wait(outcome.ask)
+            self._show_details()
+            if reply.declined:
+                self.approvals.declined.append(reply)
+                self._interrupt(InterruptRequest(reason="rejected"))
+                raise asyncio.CancelledError()
+            outcome = await self._run_tool_once(request.model_copy(update={"reply": reply}))
+        return outcome
+
+    async def _run_tool_once(self, request: ToolInput) -> ToolOutcome:
         async with self.semaphore:
             self.running[request.call_id] = RunningTool(
                 call_id=request.call_id, name=request.name, started_at=workflow.now().isoformat()
@@ -700,7 +738,9 @@ class SessionWorkflow:
             task.cancel()
         await asyncio.gather(*self.tool_tasks.values(), return_exceptions=True)
         self.tool_tasks = {}
-        await self._finish_step(claim, turn, interrupted=True)
+        replies = tuple(self.approvals.declined)
+        self.approvals.settle_all()
+        await self._finish_step(claim, turn, interrupted=True, replies=replies)
 
     async def _schedule_retry(self, claim: ClaimRef, turn: TurnResult, retry: int) -> None:
         self.attempts += 1
@@ -731,6 +771,7 @@ class SessionWorkflow:
         interrupted: bool = False,
         infrastructure: SessionError | None = None,
         restart: bool = True,
+        replies: tuple[PermissionReply, ...] = (),
     ) -> FinishStepResult:
         self.phase = "settling step"
         # A newer attempt number fences out the turn's activity: if it still runs somewhere
@@ -743,6 +784,7 @@ class SessionWorkflow:
             interrupted=interrupted,
             infrastructure_error=infrastructure,
             restart=restart,
+            replies=replies,
         )
         return await call("finish_step", request, FinishStepResult, "settle step", SHORT)
 

@@ -16,12 +16,18 @@ from pydantic import BaseModel
 
 from activities.providers.base import ToolSpec
 from sessionflow.models.common import ContentPart, TextContent
+from sessionflow.models.permissions import Action
 
 InputT = TypeVar("InputT", bound=BaseModel)
 
 
 class ToolFailure(Exception):
     """A failure the model should read and react to (bad input, a denied path, ...)."""
+
+
+class PermissionRejected(ToolFailure):
+    """A tool's own refusal on permission grounds: the step fails and the drain with it
+    (``permission.rejected``, reference §4.5.1), unlike a policy ``deny`` the model reads."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,10 @@ class ToolContext:
     assistant_message_id: str
     call_id: str
     progress: Callable[[dict[str, Any], str], Awaitable[None]]
+    # The session's ``network`` setting: whether ``bash`` may reach the network.
+    network: bool = False
+    # The user's answer, for a tool that asks one (``Tool.asks_user``).
+    answer: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -55,6 +65,10 @@ class Tool(Generic[InputT]):
     description: ClassVar[str]
     input_model: ClassVar[type[BaseModel]]
     retry_safe: ClassVar[bool] = False
+    # The policy's action for a call no rule matches (``activities/permissions.py``).
+    permission: ClassVar[Action] = "allow"
+    # The tool asks the user something and waits for the answer (``question``).
+    asks_user: ClassVar[bool] = False
 
     async def execute(self, input: InputT, context: ToolContext) -> ToolOutput:
         raise ToolFailure(f"Tool {self.name} cannot run")

@@ -10,9 +10,11 @@ first ``output_cap`` bytes are kept and the rest only counted. Files the command
 found by snapshotting the workspace around it (``changes.py``, protected paths skipped) and
 returned as ``output_paths``.
 
-Not a sandbox: a command can read and write anything the worker's user can. Confinement holds
-for the file tools; ``bash`` only starts in the workspace and does not see the engine's own
-environment variables (``ToolSettings.hidden_env``).
+The command runs in the shell sandbox (``sandbox.py``): the host read-only, the workspace
+read-write, protected paths masked, no network unless the session allows it, and a PID
+namespace that ends with the shell, so nothing it started outlives the call. It does not see
+the engine's own environment variables (``ToolSettings.hidden_env``) either. With the sandbox
+off (``SESSIONFLOW_SANDBOX=off``) only the process-group rules above hold.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from activities.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
 from activities.tools.changes import changed, snapshot
 from activities.tools.output import normalize, text_output
 from activities.tools.paths import Workspace
+from activities.tools.sandbox import Sandbox
 from activities.tools.settings import ToolSettings
 
 _CHUNK = 65536
@@ -139,11 +142,14 @@ async def _supervise(
     limit: float,
     grace: float,
     on_output: OnOutput,
+    contained: bool,
 ) -> None:
     reader = asyncio.create_task(_read(stream, run, on_output))
     try:
         run.timed_out = not await _exited(proc, reader, limit)
-        run.killed_background = not run.timed_out and process.alive(proc.pid)
+        # A contained command's PID namespace ends with its shell, taking everything along
+        # (its last processes may still be dying here: that is no background job).
+        run.killed_background = not contained and not run.timed_out and process.alive(proc.pid)
         await _stop(proc, grace)
         run.exit_code = proc.returncode
         await asyncio.wait([reader], timeout=_DRAIN_SECONDS)
@@ -162,6 +168,7 @@ async def run_command(
     capture: int,
     grace: float,
     on_output: OnOutput,
+    contained: bool = False,
 ) -> Run:
     stream, transport, write_end = await _open_pipe()
     token = process.intend()  # recorded before it starts: a worker may die in between
@@ -181,7 +188,8 @@ async def run_command(
             raise
         finally:
             os.close(write_end)
-        return await _supervised(proc, stream, Run(capture), time_limit, grace, on_output, token)
+        run = Run(capture)
+        return await _supervised(proc, stream, run, time_limit, grace, on_output, token, contained)
     finally:
         transport.close()
 
@@ -194,10 +202,11 @@ async def _supervised(
     grace: float,
     on_output: OnOutput,
     token: str,
+    contained: bool,
 ) -> Run:
     process.track(proc.pid, token)
     try:
-        await _supervise(proc, stream, run, limit, grace, on_output)
+        await _supervise(proc, stream, run, limit, grace, on_output, contained)
     except BaseException:
         await _stop_shielded(proc, grace)
         raise
@@ -231,9 +240,11 @@ class Bash(Tool[BashInput]):
     )
     input_model = BashInput
     retry_safe = False
+    permission = "ask"
 
     def __init__(self, settings: ToolSettings | None = None) -> None:
         self.settings = settings or ToolSettings()
+        self.sandbox = Sandbox(self.settings)
 
     def input_schema(self) -> dict[str, Any]:
         schema = super().input_schema()
@@ -255,19 +266,28 @@ class Bash(Tool[BashInput]):
         timeout = self._timeout(input)
         root = str(context.workspace)
         cwd = await asyncio.to_thread(_real_root, root, s)
+        argv = await self._sandbox().wrap(
+            [s.shell, "-c", input.command], root=cwd, cwd=cwd, network=context.network
+        )
         before = await asyncio.to_thread(snapshot, root, s)
         run = await run_command(
-            [s.shell, "-c", input.command],
+            argv,
             cwd=cwd,
             env=command_env(s.hidden_env),
             time_limit=timeout,
             capture=max(s.output_cap, s.store_cap),
             grace=s.kill_grace,
             on_output=self._progress(context),
+            contained=s.sandbox,
         )
         after = await asyncio.to_thread(snapshot, root, s) if before is not None else None
         paths = changed(before, after) if before is not None and after is not None else ()
         return self._render(run, timeout, paths, tracked=after is not None)
+
+    def _sandbox(self) -> Sandbox:
+        if self.sandbox.settings is not self.settings:  # settings replaced (tests)
+            self.sandbox = Sandbox(self.settings)
+        return self.sandbox
 
     def _timeout(self, input: BashInput) -> float:
         """The command's time limit; asking for more than the cap is refused, not cut short."""

@@ -1,7 +1,7 @@
 """The built-in coding tools as registries.
 
 ``builtin_registry`` (also ``default_registry``, what a production worker runs) holds read,
-write, edit, list, glob, grep and bash; the test tools (echo, sleep, fail, defect) stay in
+write, edit, list, glob, grep, bash and question; the test tools (echo, sleep, fail, defect) stay in
 ``testing.testing_registry``.
 """
 
@@ -12,6 +12,7 @@ from typing import Any
 from activities.tools.base import Tool, ToolRegistry
 from activities.tools.bash import Bash
 from activities.tools.files import Edit, Read, Write
+from activities.tools.question import Question
 from activities.tools.search import GlobTool, Grep, ListTool
 from activities.tools.settings import ToolSettings
 
@@ -26,6 +27,7 @@ def builtin_tools(settings: ToolSettings | None = None) -> list[Tool[Any]]:
         GlobTool(settings),
         Grep(settings),
         Bash(settings),
+        Question(),
     ]
 
 

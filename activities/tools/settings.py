@@ -123,3 +123,7 @@ class ToolSettings:
     # A workspace with more entries than this is not snapshot around bash; its changes then
     # go untracked rather than making every command scan a huge tree.
     track_entries: int = 20_000
+    # ``bash`` runs in a bubblewrap sandbox (``sandbox.py``); False only by the explicit
+    # ``SESSIONFLOW_SANDBOX=off``. ``sandbox_binary`` overrides the bundled ``bwrap``.
+    sandbox: bool = True
+    sandbox_binary: str | None = None

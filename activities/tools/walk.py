@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -60,6 +60,8 @@ class Walk:
     visited: int = 0
     protected_skipped: int = 0
     truncated: bool = False
+    # Told of every protected entry the walk skips (the shell sandbox masks them).
+    on_protected: Callable[[tuple[str, ...], Kind], None] | None = None
     # Set when the awaiting task is cancelled: a thread cannot be interrupted, only asked.
     stop: threading.Event = field(default_factory=threading.Event)
     _base: tuple[str, ...] = field(init=False)
@@ -89,6 +91,8 @@ class Walk:
             child = (*parts, name)
             if self.workspace.protected.match(child) is not None:
                 self.protected_skipped += 1
+                if self.on_protected is not None:
+                    self.on_protected(child, kind)
                 continue
             yield Entry(child, depth, kind, fd)
             if kind == "dir" and depth < self.max_depth:

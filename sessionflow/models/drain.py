@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from sessionflow.models.common import Model, SessionError, Tokens
+from sessionflow.models.permissions import PermissionReply, PermissionRequest
 
 Promotion = Literal["steer", "queue"] | None
 # Restarts of a lost turn (or recoveries of a dead execution) before the session gives up.
@@ -102,6 +103,8 @@ class DrainStatus(Model):
     execution_id: str | None = None
     running_tools: tuple[RunningTool, ...] = ()
     pending_wake: bool = False
+    # Calls waiting for a person: permission asks and questions.
+    waiting: tuple[PermissionRequest, ...] = ()
 
 
 # --- activities ---------------------------------------------------------------------------------
@@ -219,12 +222,16 @@ class ToolInput(Model):
     assistant_message_id: str
     call_id: str
     name: str
+    # The answer to the call's ask: the call runs (once, always) or is refused (reject).
+    reply: PermissionReply | None = None
 
 
 class ToolOutcome(Model):
     call_id: str
-    status: Literal["completed", "error", "interrupted", "infrastructure"]
+    status: Literal["completed", "error", "interrupted", "infrastructure", "ask"]
     error: SessionError | None = None
+    # status "ask": nothing ran; the call waits for a reply to this.
+    ask: PermissionRequest | None = None
 
 
 class FinishStepInput(Model):
@@ -237,6 +244,8 @@ class FinishStepInput(Model):
     retry_attempt: int | None = None
     # For a lost turn: False once the resume budget is spent (the drain then fails).
     restart: bool = True
+    # Replies that stopped the step (a rejection without a message): recorded with it.
+    replies: tuple[PermissionReply, ...] = ()
 
 
 class FinishStepResult(Model):

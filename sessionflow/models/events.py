@@ -22,6 +22,7 @@ from sessionflow.models.common import (
     SessionError,
     Tokens,
 )
+from sessionflow.models.permissions import Decision, PermissionRequest, Rule
 
 
 class Event(Model):
@@ -348,6 +349,29 @@ class ToolFailed(SessionEventBase):
     result_state: dict[str, Any] | None = None
 
 
+# --- permissions and questions ------------------------------------------------------------------
+
+
+class PermissionAsked(SessionEventBase):
+    type: Literal["session.permission.asked"] = "session.permission.asked"
+    request: PermissionRequest
+
+
+class PermissionReplied(SessionEventBase):
+    type: Literal["session.permission.replied"] = "session.permission.replied"
+    request_id: str
+    assistant_message_id: str
+    call_id: str
+    decision: Decision
+    message: str | None = None
+    answer: str | None = None
+    by: str | None = None
+    # answered (a person), timeout (``approval_timeout``), interrupted (the step stopped).
+    reason: Literal["answered", "timeout", "interrupted"] = "answered"
+    # The allow rules an ``always`` added to the session.
+    rules: tuple[Rule, ...] = ()
+
+
 SessionEvent = Annotated[
     SessionCreated
     | SessionRenamed
@@ -385,7 +409,9 @@ SessionEvent = Annotated[
     | ToolCalled
     | ToolProgress
     | ToolSucceeded
-    | ToolFailed,
+    | ToolFailed
+    | PermissionAsked
+    | PermissionReplied,
     Field(discriminator="type"),
 ]
 

@@ -17,6 +17,7 @@ from sessionflow.models.common import (
     SessionError,
     Tokens,
 )
+from sessionflow.models.permissions import PermissionRequest
 
 
 class Mutable(BaseModel):
@@ -51,6 +52,8 @@ class ToolRunning(Mutable):
     input: dict[str, Any] = Field(default_factory=dict)
     structured: dict[str, Any] = Field(default_factory=dict)
     content: list[ContentPart] = Field(default_factory=list)
+    # The permission ask or question the call waits on, until it is answered.
+    asked: PermissionRequest | None = None
 
 
 class ToolCompleted(Mutable):

@@ -533,3 +533,28 @@ def test_help_is_plain_fast_and_complete() -> None:
     for name, command in group.commands.items():
         for param in command.params:
             assert getattr(param, "help", None), f"{name} {param.name} has no help"
+
+
+async def test_approve_deny_answer_and_agent(cli: tuple[Cli, Harness]) -> None:
+    from tests.workflows.harness import call
+    from tests.workflows.test_permissions import asked
+
+    runner, h = cli
+    sid = await h.session(
+        [call("b1", "bash", command="touch a"), call("b2", "bash", command="touch b")],
+        [{"text": "done"}],
+    )
+    await h.client.prompt(sid, "Go")
+    first, second = await asked(h, sid, 2)
+    several = await runner.run("approve", sid)
+    assert several.returncode == 1 and first.request_id in several.stderr
+    assert (await runner.json("approve", sid, first.request_id))["status"] == "answered"
+    denied = await runner.json("deny", sid, "--message", "not b")  # the only one left
+    assert denied["request_id"] == second.request_id
+    await h.client.wait_idle(sid, timeout=30)
+    assert (h.workspace / "a").exists() and not (h.workspace / "b").exists()
+    unknown = await runner.run("answer", sid, "yes")
+    assert unknown.returncode == 1 and "nothing in session" in unknown.stderr
+    assert (await runner.json("agent", sid, "plan"))["agent"] == "plan"
+    bad = await runner.run("agent", sid, "nobody")
+    assert bad.returncode == 1 and "Unknown agent 'nobody'" in bad.stderr

@@ -36,6 +36,9 @@ async def test_a_prompt_runs_one_plain_text_turn(h: Harness) -> None:
     assert len(h.requests()) == 1
 
 
+ALLOW_BASH = [{"tool": "bash", "action": "allow"}]
+
+
 def assistant_events(events: list, assistant_id: str) -> list[str]:
     return [
         e.type
@@ -545,7 +548,9 @@ async def test_a_large_tool_output_is_cut_for_the_model_and_kept_whole_in_the_st
     h: Harness,
 ) -> None:
     command = "python3 -c \"print('y' * 200000)\""
-    sid = await h.session([call("b1", "bash", command=command)], [{"text": "seen"}])
+    sid = await h.session(
+        [call("b1", "bash", command=command)], [{"text": "seen"}], permissions=ALLOW_BASH
+    )
     await run(h, sid)
     success = next(e for e in await h.events(sid) if e.type == "session.tool.success")
     shown = success.data["content"][0]["text"]

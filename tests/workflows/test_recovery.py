@@ -235,27 +235,39 @@ def _recorded(pids: list[int]) -> bool:
     return any((records_dir() / str(group)).exists() for group in groups)
 
 
+@pytest.mark.parametrize("sandbox", ["off", "on"])
 async def test_a_killed_workers_tool_processes_are_reaped(
     temporal_env: WorkflowEnvironment,
     store: Store,
     target: Target,
     tmp_path: Path,
     workers: list[WorkerProcess],
+    sandbox: str,
 ) -> None:
     from activities.tools.process import reap_orphans
 
     marker = f"{uuid.uuid4().int % 900 + 100}.{uuid.uuid4().int % 1000}"
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
-        doomed = WorkerProcess(temporal_env, target, h.client.task_queue)
+        env = {"SESSIONFLOW_SANDBOX": sandbox}
+        doomed = WorkerProcess(temporal_env, target, h.client.task_queue, **env)
         workers.append(doomed)
         await doomed.ready()
-        sid = await h.session([call("b1", "bash", command=f"sleep {marker}")], [{"text": "x"}])
+        sid = await h.session(
+            [call("b1", "bash", command=f"sleep {marker}")],
+            [{"text": "x"}],
+            permissions=[{"tool": "bash", "action": "allow"}],
+        )
         await h.client.prompt(sid, "Go")
         await h.until(lambda: bool(_live_with(f"sleep {marker}")), timeout=30)
         # The worker records the group just after it starts: kill it once that is durable.
         await h.until(lambda: _recorded(_live_with(f"sleep {marker}")), timeout=10)
         doomed.signal(signal.SIGKILL)
         doomed.stop()
+        if sandbox == "on":
+            # The sandbox dies with its parent, and its PID namespace with it: nothing to reap.
+            await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
+            reap_orphans()  # forgets the dead worker's record
+            return
         assert _live_with(f"sleep {marker}")  # the orphan outlived its worker
         killed = reap_orphans()  # what every worker does at start and every 10 s
         assert killed

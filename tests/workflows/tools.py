@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry
+from activities.tools.base import (
+    PermissionRejected,
+    Tool,
+    ToolContext,
+    ToolOutput,
+    ToolRegistry,
+)
 from activities.tools.builtin import builtin_tools
+from activities.tools.settings import ToolSettings
 from activities.tools.testing import Defect, Echo, Fail, Sleep
 
 
@@ -42,6 +50,21 @@ class Gate(Tool[GateInput]):
             self.active -= 1
 
 
+class Refuse(Tool[GateInput]):
+    """Refuses on permission grounds of its own (reference #64)."""
+
+    name = "refuse"
+    description = "Always refuses."
+    input_model = GateInput
+
+    async def execute(self, input: GateInput, context: ToolContext) -> ToolOutput:
+        raise PermissionRejected(f"Permission denied: {input.text or 'edit'}")
+
+
 def registry(gate: Gate) -> ToolRegistry:
-    """The built-ins, the test tools, and this test's gate."""
-    return ToolRegistry([*builtin_tools(), Echo(), Sleep(), Fail(), Defect(), gate])
+    """The built-ins, the test tools, and this test's gate. ``SESSIONFLOW_SANDBOX=off`` (for a
+    worker process) runs bash unconfined, as a worker would."""
+    settings = ToolSettings(sandbox=os.environ.get("SESSIONFLOW_SANDBOX", "on") != "off")
+    return ToolRegistry(
+        [*builtin_tools(settings), Echo(), Sleep(), Fail(), Defect(), Refuse(), gate]
+    )

@@ -65,7 +65,11 @@ async def test_runs_in_the_workspace_and_reports_the_exit_code(sandbox: Sandbox)
     assert output.structured["exit_code"] == 3 and not output.structured["timed_out"]
 
 
+UNCONTAINED = dataclasses.replace(SETTINGS, sandbox=False)
+
+
 async def test_the_shell_itself_is_reaped(sandbox: Sandbox) -> None:
+    sandbox.settings = UNCONTAINED  # the pid it prints is a host pid only outside the sandbox
     output = await sandbox.call("bash", command="echo $$")
     assert not Path(f"/proc/{int(text(output))}").exists()
 
@@ -83,6 +87,8 @@ async def test_a_command_that_never_exits_is_killed_with_its_group(sandbox: Sand
 
 
 async def test_sigterm_ignored_means_sigkill_after_the_grace(sandbox: Sandbox) -> None:
+    # Contained, the shell cannot ignore anything: its namespace dies with the sandbox.
+    sandbox.settings = UNCONTAINED
     mark = marker()
     output = await sandbox.call(
         "bash", command=f"trap '' TERM; sleep 900.{mark} & sleep 900.{mark}", timeout=0.3
@@ -101,6 +107,7 @@ async def test_sigterm_ignored_means_sigkill_after_the_grace(sandbox: Sandbox) -
     ],
 )
 async def test_a_forked_daemon_does_not_outlive_the_call(sandbox: Sandbox, daemon: str) -> None:
+    sandbox.settings = UNCONTAINED  # the process rules alone (the sandbox: test_sandbox.py)
     mark = marker()
     started = time.monotonic()
     output = await sandbox.call("bash", command=daemon.format(m=mark), timeout=30)
