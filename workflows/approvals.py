@@ -11,6 +11,8 @@ Pure workflow code: no I/O.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -51,14 +53,22 @@ class Approvals:
         self.replies[reply.request_id] = reply
         return True
 
-    async def wait(self, request: PermissionRequest) -> PermissionReply:
-        """The reply to ``request``; a rejection saying so once ``timeout_s`` ran out."""
+    async def wait(
+        self, request: PermissionRequest, stopping: Callable[[], bool]
+    ) -> PermissionReply:
+        """The reply to ``request``; a rejection saying so once ``timeout_s`` ran out.
+        Cancelled once ``stopping`` holds: an interrupt whose cancellation an activity that
+        had just finished swallowed still ends the wait."""
         rid = request.request_id
         self.pending[rid] = request
         try:
             timeout = timedelta(seconds=request.timeout_s) if request.timeout_s else None
             try:
-                await workflow.wait_condition(lambda: rid in self.replies, timeout=timeout)
+                await workflow.wait_condition(
+                    lambda: rid in self.replies or stopping(), timeout=timeout
+                )
+                if rid not in self.replies:
+                    raise asyncio.CancelledError()
             except TimeoutError:
                 self.replies[rid] = PermissionReply(
                     request_id=rid,

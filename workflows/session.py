@@ -701,7 +701,7 @@ class SessionWorkflow:
         outcome = await self._run_tool_once(request)
         while outcome.status == "ask" and outcome.ask is not None:
             self._show_details()
-            reply = await self.approvals.wait(outcome.ask)
+            reply = await self.approvals.wait(outcome.ask, lambda: self.stopping)
             self._show_details()
             if reply.declined:
                 self.approvals.declined.append(reply)
