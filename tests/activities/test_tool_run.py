@@ -160,7 +160,7 @@ async def test_an_unsafe_tool_whose_first_attempt_failed_before_it_started_runs_
     call = await recorded_call(store, tmp_path, tool)
     blip = await unreachable(target, tmp_path)
     try:
-        with pytest.raises(Exception, match="database is unavailable|OperationalError"):
+        with pytest.raises(Exception, match=r"database is unavailable|OperationalError"):
             await call.attempt(1, store=blip).running
     finally:
         await blip.close()
