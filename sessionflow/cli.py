@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from sessionflow import cli_answers, locate, telemetry
-from sessionflow.client import Interruption, SessionClient
+from sessionflow import cli_answers, locate
 from sessionflow.errors import SessionflowError
 from sessionflow.models.drain import TASK_QUEUE
 from sessionflow.settings import Settings
@@ -31,7 +30,7 @@ from sessionflow.settings import Settings
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from sessionflow.client import SessionClient
+    from sessionflow.client import Interruption, SessionClient
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 USER_ERROR, UNREACHABLE, SESSION_FAILED = 1, 2, 3
@@ -187,6 +186,8 @@ async def session_client(*, create: bool = False) -> AsyncIterator[SessionClient
             f"no store at {path}: create a session first (`sessionflow new`), run from the "
             f"directory that holds its .sessionflow/, or pass --database",
         )
+    from sessionflow import telemetry
+
     telemetry.configure(Settings.from_env().otel_exporter)
     temporal = await connect(Options.address, seconds=5)
     if temporal is None:

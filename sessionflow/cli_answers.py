@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import getpass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import typer
 
-from sessionflow.client import SessionClient
 from sessionflow.models.permissions import Decision, RespondResult
+
+if TYPE_CHECKING:
+    from sessionflow.client import SessionClient
+
+SESSION = typer.Argument(..., help="Session id")
+REQUEST = typer.Argument(None, help="The waiting request's id (default: the only one waiting)")
+JSON = typer.Option(False, "--json", help="Print JSON instead of text")
 
 
 async def _pick(cli: ModuleType, client: SessionClient, session: str, request: str | None) -> str:
@@ -58,40 +65,46 @@ def register(app: typer.Typer, cli: ModuleType) -> None:
 
     @app.command()
     def approve(
-        session: str,
-        request: str | None = typer.Argument(None),
+        session: str = SESSION,
+        request: str | None = REQUEST,
         always: bool = typer.Option(False, "--always", help="Also allow such calls from now on"),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = JSON,
     ) -> None:
         """Let a waiting call run (the only one waiting, unless REQUEST names it)."""
         _respond(session, request, "always" if always else "once", as_json=as_json)
 
     @app.command()
     def deny(
-        session: str,
-        request: str | None = typer.Argument(None),
+        session: str = SESSION,
+        request: str | None = REQUEST,
         message: str | None = typer.Option(
             None,
             "--message",
             help="What to do instead (the model reads it and goes on); without it the turn stops",
         ),
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = JSON,
     ) -> None:
         """Refuse a waiting call."""
         _respond(session, request, "reject", message=message, as_json=as_json)
 
     @app.command()
     def answer(
-        session: str,
-        text: str,
-        request: str | None = typer.Option(None, "--request"),
-        as_json: bool = typer.Option(False, "--json"),
+        session: str = SESSION,
+        text: str = typer.Argument(..., help="The answer, as the model will read it"),
+        request: str | None = typer.Option(
+            None, "--request", help="The question's request id (default: the only one waiting)"
+        ),
+        as_json: bool = JSON,
     ) -> None:
         """Answer the question the model asked."""
         _respond(session, request, "once", answer=text, as_json=as_json)
 
     @app.command()
-    def agent(session: str, name: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    def agent(
+        session: str = SESSION,
+        name: str = typer.Argument(..., help="The agent's name (e.g. build, plan)"),
+        as_json: bool = JSON,
+    ) -> None:
         """Select the session's agent (from its next model turn on)."""
 
         async def work() -> None:
