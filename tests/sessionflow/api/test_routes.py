@@ -71,7 +71,9 @@ async def test_prompt_is_idempotent_by_input_id(api: Api) -> None:
 
 async def test_resume_returns_the_outcome_or_202_while_it_runs(api: Api) -> None:
     gate = api.h.gate_file("resume")
-    sid = await api.session([{"wait_for_file": gate}, {"text": "resumed"}])
+    # A second turn: had the first busy period ended before the second resume reached the
+    # workflow, that resume forces a fresh drain, which asks the model again.
+    sid = await api.session([{"wait_for_file": gate}, {"text": "resumed"}], [{"text": "again"}])
     waiting = await api.http.post(f"/sessions/{sid}/resume", params={"timeout": 0.2})
     assert waiting.status_code == 202 and waiting.json() == {"done": False, "outcome": None}
     api.h.open_gate("resume")
