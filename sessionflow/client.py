@@ -72,6 +72,10 @@ from store.sessions import SessionInfo
 
 SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 WORKFLOW_TYPE = "SessionWorkflow"
+# Tools of one turn run as activities, at most this many at once; the workflow schedules one
+# only when a slot is free, so a turn with more calls than that waits instead of reaching
+# Temporal's limit of 2,000 pending activities per workflow (catalogue D6).
+MAX_ACTIVE_TOOLS = 1000
 # A live worker long-polls its task queue about once a minute; one not seen for longer is gone.
 WORKER_SEEN_S = 90
 ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
@@ -203,8 +207,11 @@ class SessionClient:
         an unknown provider or a script that does not load is an ``InvalidInputError``."""
         if session_id is not None:
             validate_id(session_id)  # the cheapest check first: before any file is read
-        if max_active_tools < 1:
-            raise ValueError(f"max_active_tools must be at least 1, got {max_active_tools}")
+        if not 1 <= max_active_tools <= MAX_ACTIVE_TOOLS:
+            raise ValueError(
+                f"max_active_tools must be between 1 and {MAX_ACTIVE_TOOLS}, got "
+                f"{max_active_tools} (a workflow may hold at most 2,000 pending activities)"
+            )
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         settings: dict[str, Any] = {"max_active_tools": max_active_tools}

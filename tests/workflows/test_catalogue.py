@@ -1,0 +1,56 @@
+"""Reliability catalogue cases that need a drain on a real Temporal server of their own (or a
+store made to fail under it). Each test names its case; docs/reliability.md lists them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from sessionflow.client import MAX_ACTIVE_TOOLS
+from store import Store
+from tests.conftest import start_dev_server
+from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
+from tests.workflows.harness import call, harness
+
+PENDING_LIMIT = 6  # Temporal's default is 2,000 pending activities per workflow
+
+
+@pytest.fixture(scope="module")
+async def few_pending_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_dev_server(f"limit.numPendingActivities.error={PENDING_LIMIT}")
+    yield env
+    await env.shutdown()
+
+
+async def test_a_turn_with_more_calls_than_temporal_lets_pend_runs_every_one(
+    few_pending_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """D6: a turn with more tool calls than Temporal allows pending activities (here a server
+    that allows 6, as the default allows 2,000) runs every call: the workflow schedules a tool
+    only when one of the session's ``max_active_tools`` slots is free, so the turn activity plus
+    the running tools never reach the limit. Without that gate the server fails the workflow
+    task ("PendingActivitiesLimitExceeded") and the session never ends."""
+    calls = [call(f"c{i:02d}", "echo", text=str(i)) for i in range(4 * PENDING_LIMIT)]
+    async with harness(few_pending_env.client, store, tmp_path) as h:
+        sid = await h.session(calls, [{"text": "all done"}], max_active_tools=PENDING_LIMIT - 2)
+        await h.client.prompt(sid, "Go")
+        await h.client.wait_idle(sid, timeout=120)
+        log = await final_log(store, sid)
+    assert_clean(log)
+    settled = [e.data.call_id for e in log if e.data.type in TOOL_TERMINALS]
+    assert sorted(settled) == sorted(c["tool_call"]["id"] for c in calls)
+    assert [e.data.type for e in log][-1] == "session.execution.succeeded"
+
+
+async def test_the_tool_cap_stays_below_temporals_pending_activity_limit(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """D6: a session cannot be given a cap that would let its tools alone reach the limit."""
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        with pytest.raises(ValueError, match="max_active_tools must be between 1 and 1000"):
+            await h.session([{"text": "x"}], max_active_tools=MAX_ACTIVE_TOOLS + 1)
+        assert await h.session([{"text": "x"}], max_active_tools=MAX_ACTIVE_TOOLS)
