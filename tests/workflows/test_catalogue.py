@@ -4,17 +4,19 @@ store made to fail under it). Each test names its case; docs/reliability.md list
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from sessionflow.client import MAX_ACTIVE_TOOLS
+from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
 from store import Store
-from tests.conftest import start_dev_server
+from tests.conftest import start_dev_server, temporal_binary
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
-from tests.workflows.harness import call, harness
+from tests.workflows.harness import Harness, call, harness
 
 PENDING_LIMIT = 6  # Temporal's default is 2,000 pending activities per workflow
 
@@ -54,3 +56,71 @@ async def test_the_tool_cap_stays_below_temporals_pending_activity_limit(
         with pytest.raises(ValueError, match="max_active_tools must be between 1 and 1000"):
             await h.session([{"text": "x"}], max_active_tools=MAX_ACTIVE_TOOLS + 1)
         assert await h.session([{"text": "x"}], max_active_tools=MAX_ACTIVE_TOOLS)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def _dev_server(port: int, database: Path) -> WorkflowEnvironment:
+    return await WorkflowEnvironment.start_local(
+        port=port,
+        dev_server_database_filename=str(database),
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=[SESSION_ID_ATTRIBUTE],
+        dev_server_log_level="error",
+    )
+
+
+async def test_the_temporal_server_restarted_mid_drain_finishes_the_session(
+    store: Store, tmp_path: Path
+) -> None:
+    """C5: the Temporal dev server (on a database file, ``--db-filename``) is stopped while a
+    model turn streams and started again on the same address. The worker and the client keep
+    their connections (the SDK reconnects); the busy period finishes under its one claim with
+    the same log an uninterrupted run writes."""
+    port, database = _free_port(), tmp_path / "temporal.db"
+    first = await _dev_server(port, database)
+    second: WorkflowEnvironment | None = None
+    try:
+        async with harness(first.client, store, tmp_path) as h:
+            gate = h.gate_file("stream")
+            sid = await h.session(
+                [
+                    {"text": "before "},
+                    {"wait_for_file": gate},
+                    {"text": "after"},
+                    call("c1", "echo", text="tool ran"),
+                ],
+                [{"text": "done"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+            await first.shutdown()
+            second = await _dev_server(port, database)
+            h.open_gate("stream")
+            await h.client.wait_idle(sid, timeout=120)
+            log = await final_log(store, sid)
+    finally:
+        if second is not None:
+            await second.shutdown()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded"
+    assert len({(e.execution_id, e.epoch) for e in log if e.execution_id}) == 1
+    texts = [
+        "".join(getattr(part, "text", "") for part in m.content)
+        for m in await store.sessions.messages(sid)
+        if m.type == "assistant"
+    ]
+    assert texts == ["before after", "done"]
+    assert "session.tool.success" in types
+
+
+async def _has(h: Harness, sid: str, kind: str) -> bool:
+    return kind in await h.types(sid, deltas=True)
