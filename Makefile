@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test test-fast lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(STAMP)
 
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Everything but the slow fault-injection tests (marked ``fault``), for the edit-test loop.
+test-fast: $(STAMP) $(CHROMIUM)
+	$(PY) -m pytest -q -m "not fault" $(PYTEST_ARGS)
 
 # The live page's test drives Debian's Chromium (never a downloaded browser).
 $(CHROMIUM):

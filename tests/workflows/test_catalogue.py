@@ -4,6 +4,8 @@ store made to fail under it). Each test names its case; docs/reliability.md list
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,9 +16,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
 from store import Store
-from tests.conftest import start_dev_server, temporal_binary
+from tests.conftest import Target, start_dev_server, temporal_binary
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.workflows.harness import Harness, call, harness
+from tests.workflows.workers import WorkerProcess
 
 PENDING_LIMIT = 6  # Temporal's default is 2,000 pending activities per workflow
 
@@ -124,3 +127,91 @@ async def test_the_temporal_server_restarted_mid_drain_finishes_the_session(
 
 async def _has(h: Harness, sid: str, kind: str) -> bool:
     return kind in await h.types(sid, deltas=True)
+
+
+@pytest.mark.fault
+async def test_a_poison_call_that_kills_every_worker_is_bounded_and_holds_no_one_back(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """C9 (and C12, worker churn): one session's tool call kills the worker process that runs
+    it, every time. A supervisor keeps two workers on the queue, starting one whenever one
+    dies, while other sessions run on the same workers. The poison call is tried a bounded
+    number of times (the tool activity's retry policy), then settles failed and its busy period
+    ends failed; every other session finishes; no log breaks an invariant. On PostgreSQL only:
+    the store several worker processes share in production (the case is the workflow's)."""
+    crashes, target = tmp_path / "crashes.log", postgres_target
+    store = await target.open()
+    try:
+        await _poison_run(temporal_env, store, target, tmp_path, workers, crashes)
+    finally:
+        await store.close()
+
+
+async def _poison_run(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    crashes: Path,
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        queue = h.client.task_queue
+
+        async def spawn() -> WorkerProcess:
+            worker = WorkerProcess(temporal_env, target, queue)
+            workers.append(worker)
+            await worker.ready()
+            return worker
+
+        async def supervise() -> None:
+            alive = [await spawn(), await spawn()]
+            while True:
+                for i, worker in enumerate(alive):
+                    if worker.process.poll() is not None:
+                        alive[i] = await spawn()
+                await asyncio.sleep(0.1)
+
+        supervisor = asyncio.create_task(supervise())
+        try:
+            poison = h.script(
+                [call("p1", "crash", log=str(crashes))], [{"text": "gave up"}], name="poison.json"
+            )
+            sid = await h.client.create_session(workspace=str(h.workspace), model=poison)
+            healthy = []
+            for n in range(3):
+                model = h.script(
+                    [call(f"e{n}{i}", "echo", text=f"{n}.{i}") for i in range(3)],
+                    [{"text": f"healthy {n}"}],
+                    name=f"healthy{n}.json",
+                )
+                healthy.append(
+                    await h.client.create_session(workspace=str(h.workspace), model=model)
+                )
+            await h.client.prompt(sid, "Go")
+            await h.until(crashes.exists, timeout=30)  # the poison is killing workers now
+            for other in healthy:
+                await h.client.prompt(other, "Go")
+            for other in healthy:
+                await h.client.wait_idle(other, timeout=120)
+            await h.client.wait_idle(sid, timeout=180)
+        finally:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        for other in healthy:
+            log = await final_log(store, other)
+            assert_clean(log)
+            assert log[-1].data.type == "session.execution.succeeded"
+        log = await final_log(store, sid)
+    assert_clean(log)
+    assert len(crashes.read_text().split()) == 3  # the tool activity's maximum attempts
+    [settled] = [e for e in log if e.data.type in TOOL_TERMINALS]
+    assert settled.data.type == "session.tool.failed"
+    # Moved to failed (the catalogue's dead-letter state), not crash-looping: a later prompt
+    # starts afresh.
+    assert log[-1].data.type == "session.execution.failed"
+    assert "heartbeat timeout" in log[-1].data.error.message.lower()

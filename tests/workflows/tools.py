@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -61,10 +62,34 @@ class Refuse(Tool[GateInput]):
         raise PermissionRejected(f"Permission denied: {input.text or 'edit'}")
 
 
+class CrashInput(BaseModel):
+    log: str
+
+
+class Crash(Tool[CrashInput]):
+    """Kills the worker process running it (a poison input, catalogue C9), after noting the
+    attempt in ``log``. Retry-safe, so Temporal tries it again on another worker."""
+
+    name = "crash"
+    description = "Kill the worker."
+    input_model = CrashInput
+    retry_safe = True
+
+    async def execute(self, input: CrashInput, context: ToolContext) -> ToolOutput:
+        await asyncio.to_thread(_note, Path(input.log), f"{os.getpid()}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+def _note(path: Path, line: str) -> None:
+    with path.open("a") as log:
+        log.write(line)
+
+
 def registry(gate: Gate) -> ToolRegistry:
     """The built-ins, the test tools, and this test's gate. ``SESSIONFLOW_SANDBOX=off`` (for a
     worker process) runs bash unconfined, as a worker would."""
     settings = ToolSettings(sandbox=os.environ.get("SESSIONFLOW_SANDBOX", "on") != "off")
     return ToolRegistry(
-        [*builtin_tools(settings), Echo(), Sleep(), Fail(), Defect(), Refuse(), gate]
+        [*builtin_tools(settings), Echo(), Sleep(), Fail(), Defect(), Refuse(), Crash(), gate]
     )
