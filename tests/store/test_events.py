@@ -137,6 +137,7 @@ async def test_unsubscribed_listener_stops_hearing(store: Store) -> None:
 
 
 async def test_republishing_an_identical_event_is_a_no_op(store: Store) -> None:
+    """Catalogue C2: an ambiguous commit."""
     projected: list[int] = []
 
     async def projector(tx: Tx, event: StoredEvent) -> None:
@@ -160,6 +161,7 @@ async def test_a_reused_event_id_with_other_content_is_refused(store: Store) -> 
 
 
 async def test_batch_is_atomic_when_one_event_is_invalid(store: Store) -> None:
+    """Catalogue S2: batch atomicity."""
     small = await store.events.publish(Probe(session_id=AGG))
     batch = [Keyed(key=AGG, text="x") for _ in range(100)]
     batch[56] = Keyed(key=AGG, text="y" * (5 * 1024 * 1024))
@@ -357,6 +359,7 @@ async def test_read_after_skips_unknown_types_but_advances(store: Store) -> None
 
 
 async def test_follow_emits_synced_at_the_handoff_then_live_events(store: Store) -> None:
+    """Catalogue S5: the history-then-live handoff."""
     await store.events.publish(Probe(session_id=AGG, value=0))
     received: list[StoredEvent | Synced] = []
 
@@ -377,6 +380,7 @@ async def test_follow_emits_synced_at_the_handoff_then_live_events(store: Store)
 
 
 async def test_follow_catches_events_committed_during_history_replay(store: Store) -> None:
+    """Catalogue S5: the history-then-live handoff."""
     store.events.page_size = 1
     for value in range(3):
         await store.events.publish(Probe(session_id=AGG, value=value))

@@ -640,6 +640,7 @@ async def test_settled_tools_are_never_overwritten(store: Store) -> None:
 
 
 async def test_a_reused_call_id_settles_against_its_own_message(store: Store) -> None:
+    """Catalogue P3: a call id reused across turns."""
     sid = await new_session(store)
     first = await start_step(store, sid)
     await publish(

@@ -97,6 +97,7 @@ async def test_sigkill_mid_stream_continues_the_turn_on_another_worker(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C3: SIGKILL mid-stream."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
         await _run_and_stop(
@@ -122,6 +123,7 @@ async def test_sigterm_mid_stream_hands_the_turn_back_within_the_grace_period(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C8: graceful shutdown."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
         await _run_and_stop(
@@ -161,6 +163,7 @@ async def test_sigkill_during_tool_input_streaming_settles_the_call_as_stale(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C3: SIGKILL mid-stream."""
     pieces = ['{"te', 'xt": ', '"hel', "lo", '"}']
     streaming: list[dict[str, Any]] = [_input_event("tool-input-start", id="c1", name="echo")]
     for piece in pieces:
@@ -213,6 +216,7 @@ class _DropsItsConnection:
 async def test_a_turn_that_always_dies_ends_at_the_resume_budget(
     temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> None:
+    """Catalogue C9: a poison session."""
     provider = _DropsItsConnection()
     async with harness(temporal_env.client, store, tmp_path, providers=provider) as h:
         sid = await h.session([{"text": "never played"}])

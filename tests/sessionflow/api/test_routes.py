@@ -54,6 +54,7 @@ async def test_create_read_list_and_messages(api: Api) -> None:
 
 
 async def test_prompt_is_idempotent_by_input_id(api: Api) -> None:
+    """Catalogue S9: a duplicate prompt or start."""
     sid = await api.session([{"text": "once"}])
     body = {"text": "Run once", "input_id": "msg_http_1", "delivery": "queue", "wake": False}
     first = await api.http.post(f"/sessions/{sid}/prompt", json=body)
@@ -160,6 +161,7 @@ HOSTILE = [
 
 
 async def test_hostile_ids_are_refused_at_the_edge(api: Api) -> None:
+    """Catalogue D3: hostile session ids."""
     sid = await api.session([{"text": "x"}])
     before = await api.h.events(sid)
     for hostile in HOSTILE:
