@@ -176,6 +176,19 @@ class StoreUnavailableError(StoreError):
         self.reason = reason
 
 
+class StoreOpenError(StoreUnavailableError):
+    """The store could not be brought to its current schema (its migrations were refused)."""
+
+    def __init__(self, reason: str) -> None:
+        StoreError.__init__(
+            self,
+            f"The store cannot be opened: {reason}. Nothing was changed. Open it again once "
+            f"the database accepts writes (a store already at the current schema opens on a "
+            f"read-only database, and only its writes fail).",
+        )
+        self.reason = reason
+
+
 class AdmissionUnavailableError(StoreUnavailableError):
     def __init__(self, session_id: str, input_id: str, attempts: int, cause: str) -> None:
         super().__init__(

@@ -29,13 +29,23 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from psycopg.conninfo import make_conninfo
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sessionflow.errors import TransactionConflictError
-from store.dialect import DialectName, Waits, dialect_of, postgres_options, typed_errors
+from sessionflow.errors import StoreOpenError, StoreUnavailableError, TransactionConflictError
+from store.dialect import (
+    DRIVER_ERRORS,
+    DialectName,
+    Waits,
+    dialect_of,
+    postgres_options,
+    store_error,
+    typed_errors,
+)
 
 T = TypeVar("T")
 
@@ -362,8 +372,22 @@ class Database:
 
         On PostgreSQL all of it, creating the schema too, runs in one transaction under an
         advisory lock taken first: ``CREATE SCHEMA IF NOT EXISTS`` is no guard against a
-        concurrent creator (the loser hits a unique violation in ``pg_namespace``).
+        concurrent creator (the loser hits a unique violation in ``pg_namespace``). A store
+        already at head is only read, so a database that refuses writes still opens (its writes
+        then fail typed); a migration the database refuses is a ``StoreUnavailableError``.
         """
+        try:
+            async with self.write_engine.connect() as conn:
+                if await conn.run_sync(_at_head):
+                    return
+            await self._upgrade_locked()
+        except DRIVER_ERRORS as error:
+            typed = store_error(error)
+            if not isinstance(typed, StoreUnavailableError):
+                raise
+            raise StoreOpenError(typed.reason) from error
+
+    async def _upgrade_locked(self) -> None:
         async with self.serialized(), self.write_engine.connect() as conn, conn.begin():
             if self.dialect == "postgresql":
                 timeout = f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}"
@@ -430,6 +454,21 @@ async def retry_conflicts(
                 raise TransactionConflictError(error.sqlstate, attempt) from error
             await asyncio.sleep(0.01 * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
     raise AssertionError("unreachable")
+
+
+def _at_head(connection: sa.Connection) -> bool:
+    """Whether the store's schema exists and its migrations are at head (reads only)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    heads = set(ScriptDirectory.from_config(config).get_heads())
+    try:
+        current = set(MigrationContext.configure(connection).get_current_heads())
+    except DRIVER_ERRORS:
+        return False  # no schema yet (PostgreSQL aborts the read: the connection is reset)
+    finally:
+        if connection.in_transaction():
+            connection.rollback()
+    return current == heads
 
 
 def _upgrade(connection: sa.Connection) -> None:
