@@ -11,11 +11,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
 from store import Store
+from store.schema import execution_table
 from tests.conftest import Target, start_dev_server, temporal_binary
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.workflows.harness import Harness, call, harness
@@ -215,3 +217,48 @@ async def _poison_run(
     # starts afresh.
     assert log[-1].data.type == "session.execution.failed"
     assert "heartbeat timeout" in log[-1].data.error.message.lower()
+
+
+@pytest.mark.breaks_invariants("I5")  # the successor is the test's own claim: it writes nothing
+async def test_a_run_whose_claim_another_execution_holds_ends_without_writing(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """F9: the Temporal run and the database claim disagree. While run R1 streams a turn, its
+    claim lapses and another execution (R2) takes the session. R1's turn fails with a
+    non-retryable ``ClaimLostError`` (tried once: Temporal does not retry it) and R1's busy
+    period ends without writing a single event after the takeover."""
+    async with harness(temporal_env.client, store, tmp_path, breaks={"I5"}) as h:
+        gate = h.gate_file("after-takeover")
+        sid = await h.session([{"text": "streamed "}, {"wait_for_file": gate}, {"text": "late"}])
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+        first = await store.claims.current(sid)
+        assert first is not None
+        async with store.db.write() as tx:  # R1's lease runs out (a paused or partitioned run)
+            await tx.conn.execute(
+                sa.update(execution_table)
+                .where(execution_table.c.session_id == sid)
+                .values(expires_at=0)
+            )
+        successor = await store.claims.acquire(sid, "exec_r2", "owner-r2")
+        taken_at = await store.events.latest_sequence(sid)
+        h.open_gate("after-takeover")
+        await h.until(lambda: _idle(h, sid), timeout=60)
+        late = [e for e in await h.events(sid) if e.seq > taken_at]
+        history = await h.client._handle(sid).fetch_history()
+    assert late == [], [e.type for e in late]
+    assert successor.epoch == first.epoch + 1
+    failures = [
+        e.activity_task_failed_event_attributes.failure
+        for e in history.events
+        if e.HasField("activity_task_failed_event_attributes")
+    ]
+    assert failures, "R1's turn did not fail"
+    info = failures[0].application_failure_info
+    assert (info.type, info.non_retryable) == ("ClaimLostError", True)
+    started = [e for e in history.events if e.HasField("activity_task_started_event_attributes")]
+    assert [e.activity_task_started_event_attributes.attempt for e in started] == [1]
+
+
+async def _idle(h: Harness, sid: str) -> bool:
+    return not (await h.client.status(sid)).busy
