@@ -171,7 +171,7 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
-    """Catalogue F2: a paused owner."""
+    """Catalogue F2: a paused owner. F9: its run ends without writing after the takeover."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         paused = WorkerProcess(
             temporal_env, target, h.client.task_queue, SESSIONFLOW_LEASE_MS="1500"
