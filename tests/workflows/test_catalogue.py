@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from tests.conftest import Target, start_dev_server, temporal_binary
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.workers import WorkerProcess
+from workflows import session as session_workflow
+from workflows.session import Options
 
 PENDING_LIMIT = 6  # Temporal's default is 2,000 pending activities per workflow
 
@@ -262,3 +265,21 @@ async def test_a_run_whose_claim_another_execution_holds_ends_without_writing(
 
 async def _idle(h: Harness, sid: str) -> bool:
     return not (await h.client.status(sid)).busy
+
+
+def test_every_activity_has_a_bound_that_finds_a_lost_task() -> None:
+    """C7: a lost activity task (its worker died after polling it, before or while running it)
+    never hangs the workflow. Every activity the workflow runs has a start-to-close timeout;
+    every remote one that may run longer than a minute heartbeats within seconds, so the
+    server notices a lost task and retries it (or fails it to the workflow) long before its
+    start-to-close. The crash tests (C1, C3) show the retry itself; this checks that no
+    activity is without the bound."""
+    options = {
+        name: value for name, value in vars(session_workflow).items() if isinstance(value, Options)
+    }
+    assert {"SHORT", "CLAIM", "CLAIM_AT_ONCE", "TURN", "COMPACT", "TOOL"} <= set(options)
+    for name, option in options.items():
+        assert timedelta(0) < option.start_to_close <= timedelta(hours=2), name
+        if not option.local and option.start_to_close > timedelta(minutes=1):
+            assert option.heartbeat is not None, f"{name} runs long without a heartbeat"
+            assert option.heartbeat <= timedelta(seconds=10), name

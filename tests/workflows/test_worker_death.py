@@ -97,7 +97,7 @@ async def test_sigkill_mid_stream_continues_the_turn_on_another_worker(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
-    """Catalogue C3: SIGKILL mid-stream."""
+    """Catalogue C3: SIGKILL mid-stream. C7: the task lost with the worker is found again."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
         await _run_and_stop(
