@@ -283,3 +283,45 @@ def test_every_activity_has_a_bound_that_finds_a_lost_task() -> None:
         if not option.local and option.start_to_close > timedelta(minutes=1):
             assert option.heartbeat is not None, f"{name} runs long without a heartbeat"
             assert option.heartbeat <= timedelta(seconds=10), name
+
+
+LEASE_MS = 2000
+
+
+@pytest.mark.parametrize("stall", [0.5, 1.5])
+async def test_an_event_loop_stalled_past_its_lease_fences_its_worker(
+    temporal_env: WorkflowEnvironment, target: Target, tmp_path: Path, stall: float
+) -> None:
+    """F4: a tool blocks its worker's event loop (renewals included) for 0.5x and then 1.5x
+    the lease. 0.5x: the claim survives and the busy period succeeds under it. 1.5x: the
+    claim expired meanwhile; the worker cannot renew it, writes nothing more under it, and the
+    session's next busy period takes it with a new epoch and settles the stalled call."""
+    store = await target.open(lease_ms=LEASE_MS)
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            sid = await h.session(
+                [call("s1", "stall", seconds=stall * LEASE_MS / 1000)],
+                [{"text": "after the stall"}],
+                [{"text": "next prompt"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.client.wait_idle(sid, timeout=60)
+            if stall > 1:
+                await h.client.prompt(sid, "Again")
+                await h.client.wait_idle(sid, timeout=60)
+            log = await final_log(store, sid)
+    finally:
+        await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    stamps = sorted({(e.epoch, e.execution_id) for e in log if e.execution_id})
+    if stall < 1:
+        assert len(stamps) == 1 and types[-1] == "session.execution.succeeded"
+        assert "session.tool.success" in types
+        return
+    (_, stalled), (_, successor) = stamps
+    called = next(e.seq for e in log if e.data.type == "session.tool.called")
+    assert [e for e in log if e.execution_id == stalled and e.seq > called] == []
+    [settled] = [e for e in log if e.data.type in TOOL_TERMINALS]
+    assert (settled.data.type, settled.execution_id) == ("session.tool.failed", successor)
+    assert types[-1] == "session.execution.succeeded"

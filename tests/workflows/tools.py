@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -81,6 +82,24 @@ class Crash(Tool[CrashInput]):
         raise AssertionError("unreachable")
 
 
+class StallInput(BaseModel):
+    seconds: float
+
+
+class Stall(Tool[StallInput]):
+    """Blocks its worker's event loop (a synchronous sleep, as a CPU hog or a blocking call
+    does): nothing else in that process runs meanwhile, claim renewals included (catalogue F4)."""
+
+    name = "stall"
+    description = "Block the event loop."
+    input_model = StallInput
+    retry_safe = False
+
+    async def execute(self, input: StallInput, context: ToolContext) -> ToolOutput:
+        time.sleep(input.seconds)  # noqa: ASYNC251 -- blocking the loop is this tool's point
+        return ToolOutput.text(f"stalled {input.seconds} s")
+
+
 def _note(path: Path, line: str) -> None:
     with path.open("a") as log:
         log.write(line)
@@ -90,6 +109,5 @@ def registry(gate: Gate) -> ToolRegistry:
     """The built-ins, the test tools, and this test's gate. ``SESSIONFLOW_SANDBOX=off`` (for a
     worker process) runs bash unconfined, as a worker would."""
     settings = ToolSettings(sandbox=os.environ.get("SESSIONFLOW_SANDBOX", "on") != "off")
-    return ToolRegistry(
-        [*builtin_tools(settings), Echo(), Sleep(), Fail(), Defect(), Refuse(), Crash(), gate]
-    )
+    tests = [Echo(), Sleep(), Fail(), Defect(), Refuse(), Crash(), Stall(), gate]
+    return ToolRegistry([*builtin_tools(settings), *tests])
