@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -446,3 +447,30 @@ async def test_a_stalled_owner_inside_a_transaction_cannot_block_a_takeover(
         resume.set()
         await asyncio.gather(owner_task, return_exceptions=True)
         await store.close()
+
+
+@pytest.mark.parametrize("skew", [-2.0, -0.5, 0.5, 2.0])
+async def test_a_skewed_worker_clock_changes_no_claim_decision(
+    store: Store, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    """Catalogue F7: clock skew. The worker's wall clock runs ``skew`` leases off (an injected
+    ``time.time``); every claim decision is the database clock's, so none changes: a fresh
+    claim is live to a competitor, renews while live, and once the database says it expired
+    it is taken over and refused to its old holder, with or without the skew."""
+    lease = 60_000
+    true_time = time.time
+    monkeypatch.setattr(time, "time", lambda: true_time() + skew * lease / 1000)
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_skewed", "owner-a", lease_ms=lease)
+    with pytest.raises(ClaimHeldError):
+        await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
+    renewed = await store.claims.renew(claim)
+    assert renewed.expires_at >= claim.expires_at
+    await expire(store, sid)  # the database clock passes the lease
+    successor = await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
+    assert successor.epoch == claim.epoch + 1
+    with pytest.raises(ClaimLostError):
+        await store.claims.renew(renewed)
+    with pytest.raises(ClaimLostError):
+        async with store.claims.fenced(renewed):
+            pass
