@@ -84,6 +84,7 @@ async def _dev_server(port: int, database: Path) -> WorkflowEnvironment:
     )
 
 
+@pytest.mark.fault
 async def test_the_temporal_server_restarted_mid_drain_finishes_the_session(
     store: Store, tmp_path: Path
 ) -> None:

@@ -127,6 +127,7 @@ async def _terminal(h: Harness, sid: str) -> bool:
 # --- worker processes ---------------------------------------------------------------------------
 
 
+@pytest.mark.fault
 async def test_sigkill_during_a_tool_settles_the_call_exactly_once(
     temporal_env: WorkflowEnvironment,
     store: Store,
@@ -164,6 +165,7 @@ def _tool_running(h: Harness, sid: str):  # type: ignore[no-untyped-def]
     return check
 
 
+@pytest.mark.fault
 async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes(
     temporal_env: WorkflowEnvironment,
     store: Store,

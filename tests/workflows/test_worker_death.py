@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.providers import base as p
@@ -24,6 +25,8 @@ from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import Harness, harness
 from tests.workflows.workers import WorkerProcess
+
+pytestmark = pytest.mark.fault  # worker processes killed and started: the slow fault tests
 
 CHUNKS = [f"{i:03d}," for i in range(300)]
 SLOW_TEXT = {"text": "".join(CHUNKS), "chunks": len(CHUNKS), "delay_ms": 30}
