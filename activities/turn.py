@@ -41,6 +41,7 @@ from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
 from sessionflow.agents import Agent
+from sessionflow.errors import ContextUnavailableError
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
@@ -178,9 +179,16 @@ class TurnActivities:
     async def _baseline(self, tx: Tx, session: SessionInfo) -> str:
         """The frozen system context; changes to its sources become system messages."""
         entries = session.settings.get("context") or {}
-        now = context.sources(session.directory, entries, context.tool_settings(self.rt.tools))
+        now: dict[str, str] | None
+        try:
+            now = context.sources(session.directory, entries, context.tool_settings(self.rt.tools))
+        except context.Unobservable as unseen:
+            now, why = None, str(unseen)
         first = session.requests == 0
-        baseline, events = context.reconcile(session.id, session.settings, now, first=first)
+        try:
+            baseline, events = context.reconcile(session.id, session.settings, now, first=first)
+        except context.Unobservable:
+            raise ContextUnavailableError(session.id, session.directory, why) from None
         if events:
             await self.rt.store.events.publish_many(events, tx=tx)
         return baseline

@@ -1,5 +1,6 @@
-"""The context baseline (reference §1.6, §8.4, runner cases #8, #18, #19, #22): frozen on the
-first step, changes arrive as chronological system messages, rebuilt after a compaction."""
+"""The context baseline (reference §1.6, §8.4, runner cases #4, #8, #18, #19, #21, #22, #31):
+frozen on the first step, changes arrive as chronological system messages, rebuilt after a
+compaction; sources that cannot be read are no news about them."""
 
 from __future__ import annotations
 
@@ -91,3 +92,68 @@ async def test_an_instruction_file_linking_outside_the_workspace_is_not_read(
         DEFAULT_SYSTEM,
         '<instructions source="CLAUDE.md">\nClaude instructions\n</instructions>',
     ]
+
+
+def _away(h: Harness) -> None:
+    """The workspace disappears (an unmounted volume, a moved checkout)."""
+    h.workspace.rename(h.root / "workspace.away")
+
+
+def _back(h: Harness) -> None:
+    (h.root / "workspace.away").rename(h.workspace)
+
+
+async def test_4_the_first_turn_waits_for_its_context_to_be_readable(h: Harness) -> None:
+    """#4: with the context unreadable, the first turn fails before anything is sent: no
+    request, the prompt still pending; once the workspace is back the same prompt runs."""
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session([{"text": "1"}])
+    _away(h)
+    await h.client.prompt(sid, "first", input_id="msg_first")
+    await h.client.wait_idle(sid, timeout=30)
+    assert h.requests() == []
+    assert [i.id for i in await h.store.inputs.pending(sid)] == ["msg_first"]
+    failed = [e for e in await h.events(sid) if e.type == "session.execution.failed"]
+    assert "system context of session" in failed[-1].data["error"]["message"]
+    _back(h)
+    await h.client.prompt(sid, "first", input_id="msg_first")  # the same prompt, once
+    await h.client.wait_idle(sid, timeout=30)
+    (request,) = h.requests()
+    assert h.roles(request) == ["user"]
+    assert request["system"] == [DEFAULT_SYSTEM, _instructions("Initial context")]
+
+
+async def test_21_the_baseline_stays_while_its_sources_cannot_be_read(h: Harness) -> None:
+    """#21: the workspace gone after the baseline froze is no news about its sources: the
+    next request keeps the baseline and announces no removal."""
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session([{"text": "1"}], [{"text": "2"}], [{"text": "3"}])
+    await _turn(h, sid, "first")
+    _away(h)
+    await _turn(h, sid, "second")
+    _back(h)
+    await _turn(h, sid, "third")
+    first, second, third = h.requests()
+    for request in (second, third):
+        assert request["system"] == first["system"]
+        assert _system_messages(request) == []
+
+
+async def test_31_after_a_compaction_unseen_sources_rebaseline_as_last_applied(
+    h: Harness,
+) -> None:
+    """#31: a compaction asks for the baseline to be rebuilt; with the sources unreadable it is
+    rebuilt from what was last applied, not emptied."""
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session(
+        [{"text": "1"}], [{"text": "summary"}], [{"text": "2"}], compaction={"keep_tokens": 0}
+    )
+    await _turn(h, sid, "first")
+    await h.client.compact(sid)
+    await h.client.wait_idle(sid, timeout=30)
+    _away(h)
+    await _turn(h, sid, "second")
+    _back(h)
+    requests = h.requests()
+    assert requests[-1]["system"] == [DEFAULT_SYSTEM, _instructions("Initial context")]
+    assert _system_messages(requests[-1]) == []
