@@ -105,6 +105,12 @@ def _removed(key: str) -> str:
     return f"System context source removed: {key}"
 
 
+def _readable(snapshot: object) -> bool:
+    return isinstance(snapshot, dict) and all(
+        isinstance(key, str) and isinstance(text, str) for key, text in snapshot.items()
+    )
+
+
 def reconcile(
     session_id: str, settings: dict[str, Any], now: dict[str, str] | None, *, first: bool
 ) -> tuple[str, list[ev.Event]]:
@@ -118,6 +124,8 @@ def reconcile(
     be built (``Unobservable``; #4).
     """
     stored = settings.get("baseline", {} if "baseline" not in settings else None)
+    if stored is not None and not isinstance(stored, dict):
+        stored = {"baseline": "", "snapshot": None}  # undecodable: healed below
     if now is None:
         if isinstance(stored, dict) and stored:
             return str(stored.get("baseline") or ""), []
@@ -135,12 +143,20 @@ def reconcile(
     if stored is None or stored == {}:
         event = ev.ContextBaselined(session_id=session_id, baseline=render(now), snapshot=now)
         return event.baseline, [event]
-    before: dict[str, str] = stored.get("snapshot") or {}
-    baseline: str = stored.get("baseline") or ""
-    if before == now:
-        return baseline, []
+    baseline = stored.get("baseline")
+    if not isinstance(baseline, str):
+        baseline = ""
+    before = stored.get("snapshot") or {}
+    if not _readable(before):
+        # The record of what was applied cannot be decoded: announce the context as it is now
+        # and record it again (runner #7), rather than guess what the model already knows.
+        texts = [f"The system context, announced again:\n{render(now)}"] if now else []
+    else:
+        if before == now:
+            return baseline, []
+        texts = changes(before, now)
     updates: list[ev.Event] = [
-        ev.InstructionsUpdated(session_id=session_id, text=text) for text in changes(before, now)
+        ev.InstructionsUpdated(session_id=session_id, text=text) for text in texts
     ]
     updates.append(ev.ContextBaselined(session_id=session_id, baseline=baseline, snapshot=now))
     return baseline, updates

@@ -1,12 +1,14 @@
-"""The context baseline (reference §1.6, §8.4, runner cases #4, #8, #18, #19, #21, #22, #31):
+"""The context baseline (reference §1.6, §8.4, runner cases #4, #7, #8, #18, #19, #21, #22, #31):
 frozen on the first step, changes arrive as chronological system messages, rebuilt after a
 compaction; sources that cannot be read are no news about them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from activities.history import DEFAULT_SYSTEM
+from store.schema import session_table
 from tests.workflows.harness import Harness
 
 
@@ -157,3 +159,33 @@ async def test_31_after_a_compaction_unseen_sources_rebaseline_as_last_applied(
     requests = h.requests()
     assert requests[-1]["system"] == [DEFAULT_SYSTEM, _instructions("Initial context")]
     assert _system_messages(requests[-1]) == []
+
+
+async def test_7_an_undecodable_applied_record_is_healed_by_announcing_the_context(
+    h: Harness,
+) -> None:
+    """#7: the stored record of what context was applied cannot be decoded: the next request
+    keeps the baseline, announces the context again as a system message, and the record is
+    healed (the request after that announces nothing)."""
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session([{"text": "1"}], [{"text": "2"}], [{"text": "3"}])
+    await _turn(h, sid, "first")
+    settings = (await h.store.sessions.get(sid)).settings
+    settings["baseline"]["snapshot"] = ["not", "a", "snapshot"]
+    async with h.store.db.write() as tx:
+        await tx.conn.execute(
+            session_table.update()
+            .where(session_table.c.id == sid)
+            .values(settings=json.dumps(settings))
+        )
+    await _turn(h, sid, "second")
+    await _turn(h, sid, "third")
+    first, second, third = h.requests()
+    assert second["system"] == first["system"]
+    assert h.roles(second) == ["user", "assistant", "system", "user"]
+    assert _system_messages(second) == [
+        "The system context, announced again:\n" + _instructions("Initial context")
+    ]
+    assert _system_messages(third) == _system_messages(second)  # healed: nothing new
+    healed = (await h.store.sessions.get(sid)).settings["baseline"]["snapshot"]
+    assert healed == {"AGENTS.md": "Initial context"}
