@@ -360,7 +360,7 @@ def interrupt(
     text = {
         "stopped": "interrupted",
         "idle": "nothing to interrupt",
-        "sent": f"queued, not stopped yet: {answer.detail or 'no worker answered'}",
+        "sent": answer.detail or "queued until a worker is back",
     }[answer.status]
     value = {"accepted": bool(answer), "status": answer.status, "detail": answer.detail}
     emit(value, as_json, text)

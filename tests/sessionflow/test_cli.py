@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -364,9 +365,12 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     """No worker polls: status, resume and interrupt answer at once and name the task queue
-    and the pending inputs. Then `sessionflow worker` with the global options (not the
-    defaults) picks the session up; a script that fails to load at run time reaches resume
-    as the outcome's error text, and the worker logs it in one line."""
+    and the pending inputs; wait_idle keeps waiting. The interrupt is queued until a worker is
+    back and then comes first: the prompt woken before it does not run (it stays pending, and
+    wait_idle's status says so) until a resume. `sessionflow worker` with the global options
+    (not the defaults) picks the session up; a script that fails to load at run time reaches
+    resume as the outcome's error text, the worker logs it in one line, and it uses up no
+    turn: once the script is back, the next request plays its first turn."""
     target = Target(f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
     store = await target.open()
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
@@ -383,9 +387,11 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
         assert status["busy"] is False and waiting in status["waiting_for_worker"]
         resumed = await run.run("resume", sid)
         assert resumed.returncode == 2 and waiting in resumed.stderr
-        interrupted = await run.json("interrupt", sid)
-        assert interrupted["status"] == "sent"
-        assert f"no worker is polling task queue {queue}" in interrupted["detail"]
+        interrupted = await run.run("interrupt", sid)
+        assert interrupted.returncode == 0, interrupted.stderr
+        assert interrupted.stdout.startswith(f"queued until a worker is back: {waiting}")
+        with pytest.raises(TimeoutError, match=re.escape(f"not idle after 0.1 s: {waiting}")):
+            await h.client.wait_idle(sid, timeout=0.1)
 
         gone = h.script([{"text": "never"}], name="gone.json")
         broken = (await run.json("new", "--workspace", str(h.workspace), "--model", gone))[
@@ -403,11 +409,23 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
             env={**os.environ, "PYTHONPATH": str(ROOT), "SESSIONFLOW_TOOLS": "builtin"},
         )
         try:
-            events = await run.watch(sid, code=None)
-            assert events[-1]["type"].startswith("session.execution.")
+            idle = await h.client.wait_idle(sid, timeout=60)
+            assert (idle.busy, idle.pending_inputs, idle.waiting_for_worker) == (False, 1, None)
+            types = [e["type"] for e in await run.watch(sid)]
+            assert "session.execution.started" not in types, types
+            assert "session.prompt.promoted" not in types and h.requests() == []
+            again = await run.run("resume", sid)
+            assert (again.returncode, again.stdout.strip()) == (0, "succeeded"), again.stderr
+
             outcome = await run.run("resume", broken)
             assert outcome.returncode == 3, outcome.stdout + outcome.stderr
             assert "failed: ScriptError: Scripted model file not found" in outcome.stdout
+            h.script([{"text": "the first turn"}], name="gone.json")
+            fixed = await run.run("resume", broken)
+            assert (fixed.returncode, fixed.stdout.strip()) == (0, "succeeded"), fixed.stdout
+            shown = await run.json("show", broken)
+            assert [m["type"] for m in shown] == ["user", "assistant"]
+            assert shown[1]["content"][0]["text"] == "the first turn"
         finally:
             worker.send_signal(signal.SIGINT)
             await asyncio.to_thread(worker.wait, 30)
