@@ -445,13 +445,14 @@ async def test_watch_replays_every_busy_period_and_says_how_the_last_one_ended(
     run, h = cli
     output = "\n".join(f"line {n}" for n in range(1, 13))
     gate = h.gate_file("slow")
+    waiting = {"gate": gate, "text": output, "progress": "waiting for the gate"}
     sid = await h.session(
         [{"text": "first period"}],
-        [{"tool_call": {"id": "c1", "name": "gate", "input": {"gate": gate, "text": output}}}],
+        [{"tool_call": {"id": "c1", "name": "gate", "input": waiting}}],
         [{"text": "second period " * 400, "chunks": 400}],
         [{"error": {"kind": "invalid_request", "message": "the model refused"}}],
     )
-    await h.client.prompt(sid, "one")
+    await h.client.prompt(sid, "one " + "x" * 3000)
     await h.client.wait_idle(sid)
     await h.client.prompt(sid, "two")
     await h.until(lambda: h.gate.active == 1)
@@ -476,8 +477,19 @@ async def test_watch_replays_every_busy_period_and_says_how_the_last_one_ended(
     assert "│ line 5" in text.stdout and "│ line 6" not in text.stdout
     assert "7 more line(s); --full shows all" in text.stdout
     assert "the model refused" in text.stdout
+    assert "… gate waiting for the gate" in text.stdout  # tool.progress
+    cut = "x" * 1996 + "… [1004 more characters; --full shows all]"
+    assert cut in text.stdout.replace("\n", "")  # the terminal may wrap it
     full = await run.run("watch", sid, "--until-idle", "--full")
-    assert "│ line 12" in full.stdout
+    assert "│ line 12" in full.stdout and "x" * 3000 in full.stdout.replace("\n", "")
+
+    shown = await run.run("show", sid)  # prompts cut with a marker, tool results' first lines
+    assert shown.returncode == 0, shown.stderr
+    assert cut in shown.stdout.replace("\n", "")
+    assert "tool gate completed" in shown.stdout and "│ line 5" in shown.stdout
+    assert "│ line 6" not in shown.stdout and "7 more line(s); --full shows all" in shown.stdout
+    whole = await run.run("show", sid, "--full")
+    assert "x" * 3000 in whole.stdout.replace("\n", "") and "│ line 12" in whole.stdout
 
     after = await run.run("watch", sid, "--until-idle", "--after", str(events[-1]["seq"]))
     assert after.returncode == 3 and after.stdout == "", after.stderr
@@ -534,20 +546,22 @@ def test_help_is_plain_fast_and_complete() -> None:
 
     from sessionflow.cli import app
 
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
     probe = (
         "import runpy, sys\n"
-        "sys.argv = ['sessionflow', 'new', '--help']\n"
-        "try:\n    runpy.run_module('sessionflow.cli', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "print([m for m in ('temporalio', 'sqlalchemy', 'store', 'rich') if m in sys.modules])"
+        f"for name in {['', *sorted(group.commands)]!r}:\n"
+        "    sys.argv = ['sessionflow', *([name] if name else []), '--help']\n"
+        "    try:\n        runpy.run_module('sessionflow.cli', run_name='__main__')\n"
+        "    except SystemExit:\n        pass\n"
+        "heavy = ('temporalio', 'sqlalchemy', 'store', 'rich', 'worker', 'activities')\n"
+        "print([m for m in heavy if m in sys.modules])"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert done.stdout.strip().endswith("[]"), done.stdout  # nothing heavy imported
     assert "--json " in done.stdout and "<bool>" not in done.stdout
-    group = typer.main.get_command(app)
-    assert isinstance(group, typer.core.TyperGroup)
     for name, command in group.commands.items():
         for param in command.params:
             assert getattr(param, "help", None), f"{name} {param.name} has no help"
@@ -576,3 +590,57 @@ async def test_approve_deny_answer_and_agent(cli: tuple[Cli, Harness]) -> None:
     assert (await runner.json("agent", sid, "plan"))["agent"] == "plan"
     bad = await runner.run("agent", sid, "nobody")
     assert bad.returncode == 1 and "Unknown agent 'nobody'" in bad.stderr
+
+
+async def test_the_last_step_says_that_the_step_limit_disabled_its_tools(
+    cli: tuple[Cli, Harness],
+) -> None:
+    run, h = cli
+    model = h.script(
+        [
+            {"text": "Let me look."},
+            {"tool_call": {"id": "c1", "name": "read", "input": {"path": "a.py"}}},
+        ]
+    )
+    created = await run.json(
+        "new", "--workspace", str(h.workspace), "--model", model, "--max-steps", "1"
+    )
+    await run.json("prompt", created["session_id"], "Look around")
+    events = await run.watch(created["session_id"])
+    failed = next(e for e in events if e["type"] == "session.tool.failed")
+    assert failed["data"]["error"]["message"] == (
+        "Tool is not available for this request: read (the step limit was reached: "
+        "max_steps=1; tools are disabled until the next prompt)"
+    )
+    text = await run.run("watch", created["session_id"], "--until-idle")
+    assert "✗ read" in text.stdout and "max_steps=1" in text.stdout
+
+
+async def test_dev_reusing_a_server_started_elsewhere_prints_its_real_ui_port(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A dev server started by hand, from another directory, on a UI port that is neither
+    port + 1000 nor what a stale state file here recorded: `dev` prints the one it serves."""
+    from tests.conftest import temporal_binary
+
+    port, ui_port = free_port(), free_port()
+    state = tmp_path / ".sessionflow"
+    state.mkdir()
+    (state / f"temporal-{port}.ui").write_text(str(free_port()))  # left by an older server
+    elsewhere = tmp_path_factory.mktemp("server")
+    command = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1"]
+    command += ["--port", str(port), "--ui-port", str(ui_port), "--log-level", "error"]
+    server = subprocess.Popen(command, cwd=elsewhere, stdout=subprocess.DEVNULL)
+    try:
+        from sessionflow.devstack import connect
+
+        for _ in range(150):
+            if await connect(f"127.0.0.1:{port}", seconds=1.0) is not None:
+                break
+            await asyncio.sleep(0.2)
+        lines = await _dev_lines(tmp_path, port)
+        assert "already running" in lines[0], lines
+        assert lines[1].strip() == f"Temporal UI: http://127.0.0.1:{ui_port}", lines
+    finally:
+        server.terminate()
+        await asyncio.to_thread(server.wait, 30)
