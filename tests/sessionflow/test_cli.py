@@ -93,6 +93,12 @@ async def test_new_prompt_watch_show_and_sessions(cli: tuple[Cli, Harness]) -> N
     assert transcript[1]["content"][0]["text"] == "Hello from the model"
     listed = await run.json("sessions")
     assert [s["id"] for s in listed] == [sid]
+    roundabout = f"{h.workspace}/../{h.workspace.name}/"
+    assert [s["id"] for s in await run.json("sessions", "--directory", roundabout)] == [sid]
+    # Bytes that are not UTF-8 reach Python as lone surrogates: refused at the edge, in a line.
+    hostile = await run.run("prompt", sid, "bad \udcff byte")
+    assert hostile.returncode == 1 and "lone surrogate" in hostile.stderr, hostile.stderr
+    assert len(hostile.stderr.strip().splitlines()) <= 2 and "Traceback" not in hostile.stderr
 
 
 async def test_watch_after_resumes_without_repeating(cli: tuple[Cli, Harness]) -> None:
@@ -600,7 +606,8 @@ async def test_the_last_step_says_that_the_step_limit_disabled_its_tools(
         [
             {"text": "Let me look."},
             {"tool_call": {"id": "c1", "name": "read", "input": {"path": "a.py"}}},
-        ]
+        ],
+        [{"text": "asked again"}],
     )
     created = await run.json(
         "new", "--workspace", str(h.workspace), "--model", model, "--max-steps", "1"
@@ -614,6 +621,11 @@ async def test_the_last_step_says_that_the_step_limit_disabled_its_tools(
     )
     text = await run.run("watch", created["session_id"], "--until-idle")
     assert "✗ read" in text.stdout and "max_steps=1" in text.stdout
+    # Nothing pending: resume asks the model again on the history, and says so first.
+    again = await run.run("resume", created["session_id"])
+    assert again.returncode == 0 and again.stdout.strip() == "succeeded", again.stderr
+    assert "nothing is pending: resume asks the model once more" in again.stderr
+    assert len(h.requests()) == 2
 
 
 async def test_dev_reusing_a_server_started_elsewhere_prints_its_real_ui_port(
