@@ -25,6 +25,7 @@ from activities.tools.testing import Defect, Echo, Fail, Sleep
 class GateInput(BaseModel):
     text: str = ""
     gate: str | None = None
+    progress: str | None = None  # reported as the call's progress before it waits
 
 
 class Gate(Tool[GateInput]):
@@ -45,6 +46,8 @@ class Gate(Tool[GateInput]):
         self.peak = max(self.peak, self.active)
         self.started.append(input.text)
         try:
+            if input.progress is not None:
+                await context.progress({"waiting": True}, input.progress)
             while input.gate and not Path(input.gate).exists():
                 await asyncio.sleep(0.02)
             return ToolOutput.text(input.text, text=input.text)
