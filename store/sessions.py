@@ -85,7 +85,7 @@ class Sessions:
         if tx is not None:
             row = await _SESSION.first(tx.conn, self.db.dialect, params)
         else:
-            async with self.db.read() as conn:
+            async with self.db.read(single=True) as conn:
                 row = await _SESSION.first(conn, self.db.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
@@ -116,7 +116,7 @@ class Sessions:
             query = query.where(_s.parent_id.is_(None))
         if updated_since is not None:
             query = query.where(_s.time_updated >= updated_since)
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             rows = (await conn.execute(query.limit(limit))).all()
         return [_info(row) for row in rows]
 
@@ -126,7 +126,7 @@ class Sessions:
         Validates that one part, not the whole message: a tool activity needs only its call.
         """
         params = {"mid": message_id, "sid": session_id}
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
         data = None if row is None else codec.loads(row[0])
         if not isinstance(data, dict) or data.get("type") != "assistant":
@@ -139,7 +139,7 @@ class Sessions:
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
         return [codec.load_model(MESSAGE_ADAPTER, data) for (data,) in rows]
 
