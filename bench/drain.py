@@ -818,6 +818,66 @@ def rate(rounds: Iterable[Round]) -> float:
     return sum(r.sessions for r in chosen) / seconds if seconds else 0.0
 
 
+async def two_worker_round(
+    env: WorkflowEnvironment, client: Client, store: Store, url: str, root: Path, shape: Shape
+) -> Round:
+    """One throughput round served by two worker processes (``bench/worker.py``) on one task
+    queue and one store, after a warm-up; no in-process worker takes part."""
+    queue = f"bench-two-{uuid.uuid4().hex[:8]}"
+    sf = SessionClient(client, store, task_queue=queue)
+    model = write_script(root, shape)
+    workspace = root / "workspace"
+    address = env.client.service_client.config.target_host
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.worker",
+            address,
+            queue,
+            url,
+            cwd=tokens.ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+
+    async def sessions(count: int) -> None:
+        sids = [
+            await sf.create_session(workspace=str(workspace), model=model) for _ in range(count)
+        ]
+
+        async def one(sid: str) -> None:
+            await sf.prompt(sid, "Go")
+            await client.get_workflow_handle(f"{WORKFLOW_ID_PREFIX}{sid}").result()
+
+        await asyncio.gather(*(one(sid) for sid in sids))
+
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            assert (await process.stdout.readline()).strip() == b"ready"
+        await sessions(min(5, shape.sessions))
+        started = time.perf_counter()
+        await sessions(shape.sessions)
+        seconds = time.perf_counter() - started
+    finally:
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.close()
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+    activities = shape.sessions * units(shape)
+    return Round(
+        "two workers", shape.sessions, shape.sessions * shape.turns, activities, seconds, 0, 0
+    )
+
+
 async def token_latency(
     sf: SessionClient, clock: Clock, root: Path, workspace: Path, url: str
 ) -> tuple[list[float], list[float]]:
@@ -869,6 +929,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="alternating throughput rounds (the bare baseline alone moves +-15 %% between runs)",
     )
     parser.add_argument("--profile", type=Path, help="write a cProfile of the drain rounds here")
+    parser.add_argument(
+        "--two-workers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run one round on two worker processes (bench/worker.py)",
+    )
     parser.add_argument(
         "--database",
         action="append",
@@ -1092,6 +1158,8 @@ async def run(
         shape_of = await history_shape(timed, last.workflow_ids[0])
         print(f"  one {system} session's history: {shape_of}")
     drain_rate = rate(r for r in rounds if r.system == "sessionflow")
+    if args.two_workers:
+        two = await two_worker_round(env, timed, store, url, root, shape)
     base_rate = rate(r for r in rounds if r.system != "sessionflow")
     ratio = drain_rate / base_rate if base_rate else 0.0
     print(
@@ -1100,6 +1168,13 @@ async def run(
         f"ratio {ratio:.0%} (target >={THROUGHPUT_TARGET:.0%})  "
         f"{verdict(ratio, THROUGHPUT_TARGET, at_most=False)}"
     )
+    if args.two_workers:
+        print(
+            f"  two worker processes on one task queue and this store: {two.sessions} sessions in "
+            f"{two.seconds:.2f} s, {two.sessions_per_second:.2f} sessions/s "
+            f"(one worker: {drain_rate:.2f}; ratio to bare Temporal "
+            f"{two.sessions_per_second / base_rate if base_rate else 0:.0%})"
+        )
     if args.profile is not None and profiler is not None:
         profiler.dump_stats(str(args.profile))
         text = io.StringIO()
