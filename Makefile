@@ -38,9 +38,12 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/sessionflow demo $(ARGS)
 
+# The drain benchmark runs on SQLite, and on PostgreSQL too when a server is named
+# (BENCH_POSTGRES_URL, by default the test suite's SESSIONFLOW_TEST_POSTGRES_URL).
+BENCH_POSTGRES_URL ?= $(SESSIONFLOW_TEST_POSTGRES_URL)
 bench: $(STAMP)
 	$(PY) bench/store.py
-	$(PY) bench/drain.py
+	$(PY) bench/drain.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow
