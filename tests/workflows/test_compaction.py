@@ -259,14 +259,19 @@ async def test_a_worker_killed_during_the_summary_leaves_exactly_one_compaction(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
-    slow = {"text": "".join(f"{i:03d} " for i in range(300)), "chunks": 300, "delay_ms": 30}
+    # The summary streams a little, then waits for a file nobody creates: the kill lands
+    # mid-summary however long the second worker takes to start.
+    slow = [
+        {"text": "".join(f"{i:03d} " for i in range(10)), "chunks": 10, "delay_ms": 10},
+        {"wait_for_file": str(tmp_path / "never")},
+    ]
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         first = WorkerProcess(temporal_env, target, h.client.task_queue)
         workers.append(first)
         await first.ready()
         sid = await h.session(
             [{"text": "first answer"}],
-            [slow],
+            slow,
             [{"text": "final summary"}],
             [{"text": "queued answer"}],
             compaction=SMALL,
