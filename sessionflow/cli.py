@@ -231,9 +231,33 @@ def new(
     max_steps: int = typer.Option(
         None, "--max-steps", help="Model turns per prompt; the last one may not call tools"
     ),
+    auto_compact: bool = typer.Option(
+        True,
+        "--auto-compact/--no-auto-compact",
+        help="Summarize older history before a request that would not fit the model",
+    ),
+    compaction_buffer: int = typer.Option(
+        20_000, "--compaction-buffer", min=0, help="Tokens of the window kept free"
+    ),
+    keep_tokens: int = typer.Option(
+        None,
+        "--keep-tokens",
+        min=0,
+        help="Recent history kept verbatim by a compaction (default: a quarter of the window)",
+    ),
+    compaction_model: str = typer.Option(
+        None, "--compaction-model", help="<provider>/<model> for summaries (default: --model)"
+    ),
+    agent: str = typer.Option(None, "--agent", help="The session's agent (default: build)"),
     as_json: bool = JSON,
 ) -> None:
     """Create a session and print its id (the workspace and the model are checked first)."""
+    compaction = {
+        "auto": auto_compact,
+        "buffer": compaction_buffer,
+        "keep_tokens": keep_tokens,
+        "model": compaction_model,
+    }
 
     async def work() -> str:
         async with session_client(create=True) as client:
@@ -243,6 +267,8 @@ def new(
                 title=title,
                 max_active_tools=max_active_tools,
                 max_steps=max_steps,
+                compaction=compaction,
+                agent=agent,
             )
 
     session_id = run(work)

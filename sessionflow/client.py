@@ -231,8 +231,11 @@ class SessionClient:
         if system:
             settings["system"] = system
         if compaction is not None:
-            chosen = CompactionSettings.model_validate(compaction)
-            settings["compaction"] = chosen.model_dump(exclude_defaults=True)
+            chosen = CompactionSettings.model_validate(compaction).model_dump(
+                exclude_defaults=True
+            )
+            if chosen:  # the defaults are not stored: they may improve later
+                settings["compaction"] = chosen
         if agent is not None:
             self.agents.get(agent)  # an unknown name is an error here, at the edge
         rules = [Rule.model_validate(r).model_dump(mode="json") for r in permissions]

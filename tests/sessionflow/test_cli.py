@@ -656,3 +656,40 @@ async def test_dev_reusing_a_server_started_elsewhere_prints_its_real_ui_port(
     finally:
         server.terminate()
         await asyncio.to_thread(server.wait, 30)
+
+
+async def test_new_takes_the_compaction_settings_and_the_agent(cli: tuple[Cli, Harness]) -> None:
+    run, h = cli
+    model = h.script([{"text": "x"}])
+    created = await run.json(
+        "new",
+        "--workspace",
+        str(h.workspace),
+        "--model",
+        model,
+        "--no-auto-compact",
+        "--compaction-buffer",
+        "1000",
+        "--keep-tokens",
+        "300",
+        "--compaction-model",
+        model,
+        "--agent",
+        "plan",
+    )
+    info = await h.store.sessions.get(created["session_id"])
+    assert info.settings["compaction"] == {
+        "auto": False,
+        "buffer": 1000,
+        "keep_tokens": 300,
+        "model": model,
+    }
+    assert info.agent == "plan"
+    defaults = await run.json("new", "--workspace", str(h.workspace), "--model", model)
+    assert "compaction" not in (await h.store.sessions.get(defaults["session_id"])).settings
+    bad = await run.run("new", "--workspace", str(h.workspace), "--model", model, "--agent", "x")
+    assert bad.returncode == 1 and "Unknown agent 'x'" in bad.stderr
+    negative = await run.run(
+        "new", "--workspace", str(h.workspace), "--model", model, "--keep-tokens", "-1"
+    )
+    assert negative.returncode == 2 and "--keep-tokens" in negative.stderr
