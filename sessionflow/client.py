@@ -231,9 +231,7 @@ class SessionClient:
         if system:
             settings["system"] = system
         if compaction is not None:
-            chosen = CompactionSettings.model_validate(compaction).model_dump(
-                exclude_defaults=True
-            )
+            chosen = CompactionSettings.model_validate(compaction).model_dump(exclude_defaults=True)
             if chosen:  # the defaults are not stored: they may improve later
                 settings["compaction"] = chosen
         if agent is not None:
