@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from sessionflow.client import Interruption, SessionClient
+    from sessionflow.models.permissions import PermissionRequest
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 USER_ERROR, UNREACHABLE, SESSION_FAILED = 1, 2, 3
@@ -409,6 +410,11 @@ def status(session: str = typer.Argument(..., help="Session id"), as_json: bool 
     text = f"{'busy' if state.busy else 'idle'} · {phase} · {state.pending_inputs} pending"
     text += f" · running {tools}" if tools else ""
     text += f" · {state.waiting_for_worker}" if state.waiting_for_worker else ""
+    for request in drain["waiting"] if drain else ():
+        what = request["question"] or request["summary"]
+        text += f"\nwaits for an answer: {request['request_id']} ({request['tool']}: {what})"
+        text += f" — `sessionflow {'answer' if request['kind'] == 'question' else 'approve'}"
+        text += f" {session} …`"
     emit(value, as_json, text)
 
 
@@ -477,14 +483,21 @@ def watch(
     ),
     full: bool = typer.Option(False, "--full", help="All of each tool's output"),
 ) -> None:
-    """Follow the session's events live: history first, then new events as they commit.
+    """Follow the session's events live: history first, then new events as they commit. On a
+    terminal, a call that waits for approval (or a question) is offered for an answer.
 
     With --until-idle the exit code is 3 when the last busy period failed or was interrupted."""
     from sessionflow.follow import follow
 
+    interactive = not as_json and sys.stdin.isatty() and sys.stdout.isatty()
+
     async def work() -> str | None:
         async with session_client() as client:
             await client.session(session)
+
+            async def ask(request: PermissionRequest) -> None:
+                await cli_answers.ask_person(client, session, request, note)
+
             return await follow(
                 client,
                 session,
@@ -494,6 +507,7 @@ def watch(
                 until_idle=until_idle,
                 full=full,
                 on_waiting=note,
+                on_ask=ask if interactive else None,
             )
 
     last = run(work)

@@ -5,7 +5,10 @@ there."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
+import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -13,7 +16,7 @@ import typer
 
 if TYPE_CHECKING:
     from sessionflow.client import SessionClient
-    from sessionflow.models.permissions import Decision, RespondResult
+    from sessionflow.models.permissions import Decision, PermissionRequest, RespondResult
 
 SESSION = typer.Argument(..., help="Session id")
 REQUEST = typer.Argument(None, help="The waiting request's id (default: the only one waiting)")
@@ -31,6 +34,43 @@ async def _pick(cli: ModuleType, client: SessionClient, session: str, request: s
         raise cli.fail(f"nothing in session {session} waits for an answer")
     listed = "; ".join(f"{r.request_id} ({r.tool}: {r.summary})" for r in waiting)
     raise cli.fail(f"{len(waiting)} requests wait, name one: {listed}")
+
+
+CHOICES: dict[str, Decision] = {"y": "once", "a": "always", "n": "reject"}
+
+
+async def read_line(prompt: str) -> str:
+    """A line from the terminal, read without blocking the event loop (and without a thread
+    that would keep the process alive once the watch ends)."""
+    print(prompt, end="", flush=True)
+    loop, ready = asyncio.get_running_loop(), asyncio.Event()
+    loop.add_reader(sys.stdin.fileno(), ready.set)
+    try:
+        await ready.wait()
+    finally:
+        loop.remove_reader(sys.stdin.fileno())
+    return sys.stdin.readline().strip()
+
+
+async def ask_person(
+    client: SessionClient, session: str, request: PermissionRequest, note: Callable[[str], None]
+) -> None:
+    """``watch`` on a terminal: offer a waiting request for an answer (y / a / n, or a
+    question's answer); anything else leaves it waiting for ``approve`` / ``deny`` / ``answer``."""
+    if request.kind == "question":
+        options = f" ({', '.join(request.options)})" if request.options else ""
+        text = await read_line(f"answer{options}, or Enter to leave it: ")
+        reply: tuple[Decision, str | None] | None = ("once", text) if text else None
+    else:
+        choice = await read_line("allow? [y]es once, [a]lways, [n]o, Enter to leave it: ")
+        decision = CHOICES.get(choice[:1].lower()) if choice else None
+        reply = (decision, None) if decision else None
+    if reply is None:
+        note(f"{request.request_id} still waits: `sessionflow approve|deny|answer {session}`")
+        return
+    await client.respond(
+        session, request.request_id, reply[0], None, answer=reply[1], by=getpass.getuser()
+    )
 
 
 def register(app: typer.Typer, cli: ModuleType) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from rich.console import Console
 
 from sessionflow.client import ClientEvent, SessionClient
+from sessionflow.models.permissions import PermissionRequest
 from sessionflow.watch import TERMINALS, Renderer
 from store.events import StoredEvent, Synced
 
@@ -31,25 +32,53 @@ async def follow(
     until_idle: bool,
     full: bool = False,
     on_waiting: Callable[[str], None] | None = None,
+    on_ask: Callable[[PermissionRequest], Awaitable[None]] | None = None,
 ) -> str | None:
-    """Render events after ``after``; return the type of the last terminal event seen."""
+    """Render events after ``after``; return the type of the last terminal event seen.
+
+    With ``on_ask`` (a person at a terminal), each request the session waits on is offered to
+    it, once: those already waiting when the history has been replayed, then each new one."""
     renderer = Renderer(console, as_json=as_json, full=full)
     items: asyncio.Queue[StoredEvent | Synced] = asyncio.Queue()
+    asks: asyncio.Queue[PermissionRequest] = asyncio.Queue()
+    unanswered: dict[str, PermissionRequest] = {}  # asked and not yet replied, from the log
+
+    async def answer() -> None:
+        assert on_ask is not None
+        while True:
+            request = await asks.get()
+            if request.request_id in unanswered:
+                renderer.close()  # the live table would redraw over the question
+                await on_ask(request)
+
+    def note_request(event: ClientEvent, live: bool) -> None:
+        if event.type == "session.permission.asked":
+            request = PermissionRequest.model_validate(event.data["request"])
+            unanswered[request.request_id] = request
+            if live:
+                asks.put_nowait(request)
+        elif event.type == "session.permission.replied":
+            unanswered.pop(str(event.data.get("request_id")), None)
 
     async def pump() -> None:
         async for item in client.store.events.log(session_id, after=after, follow=True):
             await items.put(item)
 
+    answering = asyncio.create_task(answer()) if on_ask is not None else None
     reader = asyncio.create_task(pump())
     synced, last, warned = False, None, False
     try:
         while True:
             item = await _next(items, reader, QUIET_S if synced else None)
             if isinstance(item, Synced):
+                if not synced:  # what waited before the watch began, in the order asked
+                    for request in unanswered.values():
+                        asks.put_nowait(request)
                 synced = True
             elif isinstance(item, StoredEvent):
                 event = ClientEvent.of(item)
                 renderer.render(event)
+                note_request(event, live=synced)
                 if event.type not in TERMINALS:
                     continue
                 last = event.type
@@ -64,9 +93,11 @@ async def follow(
                 on_waiting(f"{status.waiting_for_worker} Waiting.")
                 warned = True
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        for task in (reader, answering):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         renderer.close()
 
 

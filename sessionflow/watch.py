@@ -219,6 +219,27 @@ class Renderer:
         error = data["error"]
         self._line(f"[red]step failed[/] [dim]{error['type']}[/] {escape(error['message'])}")
 
+    def _permission_asked(self, data: dict[str, Any]) -> None:
+        request = data.get("request") or {}
+        rid = escape(str(request.get("request_id", "?")))
+        if request.get("kind") == "question":
+            asked = escape(str(request.get("question") or request.get("summary", "")))
+            options = ", ".join(request.get("options") or ())
+            asked += f" ({escape(options)})" if options else ""
+            self._line(f"[magenta]? question[/] {asked} [dim]{rid}[/]")
+        else:
+            tool, summary = (
+                escape(str(request.get("tool", "?"))),
+                escape(request.get("summary", "")),
+            )
+            self._line(f"[magenta]? {tool} asks[/] {summary} [dim]{rid}[/]")
+
+    def _permission_replied(self, data: dict[str, Any]) -> None:
+        said = f": {data['answer']}" if data.get("answer") else ""
+        said += f" by {data['by']}" if data.get("by") else ""
+        decision, rid = escape(str(data.get("decision"))), escape(str(data.get("request_id")))
+        self._line(f"[magenta]  {decision}[/]{escape(said)} [dim]{rid}[/]")
+
     def _retry_scheduled(self, data: dict[str, Any]) -> None:
         self._line(
             f"[yellow]retrying[/] attempt {data['attempt']}: {escape(data['error']['message'])}"

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -584,6 +587,9 @@ async def test_approve_deny_answer_and_agent(cli: tuple[Cli, Harness]) -> None:
     )
     await h.client.prompt(sid, "Go")
     first, second = await asked(h, sid, 2)
+    status = await runner.run("status", sid)
+    assert f"waits for an answer: {first.request_id} (bash: touch a)" in status.stdout
+    assert f"waits for an answer: {second.request_id} (bash: touch b)" in status.stdout
     several = await runner.run("approve", sid)
     assert several.returncode == 1 and first.request_id in several.stderr
     assert (await runner.json("approve", sid, first.request_id))["status"] == "answered"
@@ -693,3 +699,66 @@ async def test_new_takes_the_compaction_settings_and_the_agent(cli: tuple[Cli, H
         "new", "--workspace", str(h.workspace), "--model", model, "--keep-tokens", "-1"
     )
     assert negative.returncode == 2 and "--keep-tokens" in negative.stderr
+
+
+def _read_until(fd: int, marker: bytes, seen: bytearray) -> bytes:
+    """Read a pty into ``seen`` until ``marker`` shows (or the other side closes)."""
+    deadline = time.monotonic() + 60
+    while marker not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no {marker!r} within 60 s: {bytes(seen)!r}")
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the other side is gone
+            break
+        if not chunk:
+            break
+        seen.extend(chunk)
+    return bytes(seen)
+
+
+async def test_watch_on_a_terminal_offers_each_waiting_call_for_an_answer(
+    cli: tuple[Cli, Harness],
+) -> None:
+    """``watch`` on a terminal shows a call that waits for approval and offers y / a / n: a
+    request that waited before the watch began, and one asked while it watches."""
+    from tests.workflows.harness import call
+    from tests.workflows.test_permissions import asked
+
+    run, h = cli
+    sid = await h.session(
+        [call("b1", "bash", command="touch a")],
+        [call("b2", "bash", command="touch b")],
+        [{"text": "done"}],
+    )
+    await h.client.prompt(sid, "Go")
+    (first,) = await asked(h, sid)
+    controller, terminal = pty.openpty()
+    watch = subprocess.Popen(
+        [*run.base, "watch", sid, "--until-idle"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        cwd=run.cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )
+    os.close(terminal)
+    seen = bytearray()
+    try:
+        shown = await asyncio.to_thread(_read_until, controller, b"allow?", seen)
+        assert first.request_id.encode() in shown and b"bash asks" in shown
+        seen.clear()
+        os.write(controller, b"y\n")
+        shown = await asyncio.to_thread(_read_until, controller, b"allow?", seen)
+        assert b"once" in shown and b"touch b" in shown  # the reply, then the next ask
+        os.write(controller, b"n\n")
+        code = await asyncio.to_thread(watch.wait, 60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        os.close(controller)
+    assert (h.workspace / "a").exists() and not (h.workspace / "b").exists()
+    replies = [e.data for e in await h.events(sid) if e.type == "session.permission.replied"]
+    assert [r["decision"] for r in replies] == ["once", "reject"]
+    assert code == 3  # the rejection without a message stopped the busy period (interrupted)
