@@ -48,6 +48,7 @@ from store.dialect import (
     Waits,
     dialect_of,
     postgres_options,
+    sqlstate,
     store_error,
     typed_errors,
 )
@@ -463,8 +464,8 @@ class Database:
             await self._upgrade_locked()
         except DRIVER_ERRORS as error:
             typed = store_error(error)
-            if not isinstance(typed, StoreUnavailableError):
-                raise
+            if not isinstance(typed, StoreUnavailableError) or sqlstate(error) is None:
+                raise  # not refused by the database (unreachable, say): the caller's to word
             raise StoreOpenError(typed.reason) from error
 
     async def _upgrade_locked(self) -> None:
