@@ -126,6 +126,7 @@ async def test_openapi_docs_and_health(api: Api) -> None:
         "store": True,
         "temporal": True,
         "streams": 0,
+        "followers": 0,
     }
 
 
