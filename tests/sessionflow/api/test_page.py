@@ -123,3 +123,54 @@ def lambda_seconds() -> Any:
     import re
 
     return re.compile(r"^\d+\.\d+ s$")
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_the_page_answers_what_a_session_waits_for(api: Api, browser: Browser) -> None:
+    sid = await api.session(
+        [call("b1", "bash", command="touch approved.txt")],
+        [call("q1", "question", question="Which branch?", options=["main", "dev"])],
+        [call("b2", "bash", command="touch denied.txt")],
+        [{"text": "never"}],
+    )
+    async with running_api(api.h.client, ApiSettings(port=0, temporal_ui=UI)) as url:
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await page.fill("#prompt textarea", "Go")
+            await page.click("#send")
+            first = page.locator('.tool[data-call="b1"] .ask')
+            await expect(first.locator(".summary")).to_have_text(
+                "bash wants to run: touch approved.txt"
+            )
+            assert not (api.h.workspace / "approved.txt").exists()
+            await first.locator("button.approve.once").click()
+            await expect(first.locator(".replied")).to_have_text("approved")
+            await expect(page.locator('.tool[data-call="b1"]')).to_have_attribute(
+                "data-state", "completed"
+            )
+            assert (api.h.workspace / "approved.txt").exists()
+
+            question = page.locator('.tool[data-call="q1"] .ask')
+            await expect(question.locator(".question")).to_have_text("Which branch?")
+            await question.locator('button.option[data-answer="dev"]').click()
+            await expect(question.locator(".replied")).to_have_text("answered “dev”")
+
+            await page.reload()  # restored or streamed anew, a waiting ask still answers
+            last = page.locator('.tool[data-call="b2"] .ask')
+            await expect(last.locator(".summary")).to_have_text(
+                "bash wants to run: touch denied.txt"
+            )
+            await last.locator("button.deny").click()
+            await expect(last.locator(".replied")).to_have_text("denied")
+            await expect(page.locator(".marker.interrupted")).to_have_count(1)
+        finally:
+            await page.close()
+    assert not (api.h.workspace / "denied.txt").exists()
+    replied = [e for e in await api.h.events(sid) if e.type == "session.permission.replied"]
+    assert [(e.data["decision"], e.data["answer"]) for e in replied] == [
+        ("once", None),
+        ("once", "dev"),
+        ("reject", None),
+    ]
