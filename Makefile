@@ -37,6 +37,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/store.py
 	$(PY) bench/drain.py
+	$(PY) bench/api.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow
