@@ -18,9 +18,20 @@ function el(tag, className, text) {
   return node;
 }
 
+// The session's phase (busy, idle) as the events and the status say, and whether the stream is
+// connected: a dropped connection shows "reconnecting" until the stream is back, then the phase.
+let phase = "connecting";
+let connected = true;
+
+function show() {
+  const shown = connected ? phase : "reconnecting";
+  stateLine.dataset.state = shown;
+  stateLine.textContent = shown;
+}
+
 function setState(state) {
-  stateLine.dataset.state = state;
-  stateLine.textContent = state;
+  phase = state;
+  show();
 }
 
 function find(selector) {
@@ -250,7 +261,14 @@ function follow() {
     root.dataset.synced = "true";
     refreshState();
   });
-  source.onerror = () => setState("reconnecting");
+  source.onerror = () => {
+    connected = false;
+    show();
+    // The browser retries a dropped stream by itself (with Last-Event-ID), but gives up when
+    // a retry fails outright (the server was down): start again after the last seq shown.
+    if (source.readyState === EventSource.CLOSED) setTimeout(follow, 1000);
+  };
+  source.onopen = () => { connected = true; show(); };
 }
 
 async function refreshState() {
@@ -310,7 +328,7 @@ setInterval(() => {
 }, 250);
 
 window.addEventListener("pagehide", () => {
-  const state = { seq: lastSeq, html: transcript.innerHTML, state: stateLine.dataset.state };
+  const state = { seq: lastSeq, html: transcript.innerHTML, state: phase };
   sessionStorage.setItem(saved, JSON.stringify(state));
 });
 

@@ -71,7 +71,8 @@ async def test_prompt_is_idempotent_by_input_id(api: Api) -> None:
 
 async def test_resume_returns_the_outcome_or_202_while_it_runs(api: Api) -> None:
     gate = api.h.gate_file("resume")
-    sid = await api.session([{"wait_for_file": gate}, {"text": "resumed"}])
+    # A second turn for the fresh busy period the second resume starts if the first one ended.
+    sid = await api.session([{"wait_for_file": gate}, {"text": "resumed"}], [{"text": "again"}])
     waiting = await api.http.post(f"/sessions/{sid}/resume", params={"timeout": 0.2})
     assert waiting.status_code == 202 and waiting.json() == {"done": False, "outcome": None}
     api.h.open_gate("resume")
@@ -79,7 +80,7 @@ async def test_resume_returns_the_outcome_or_202_while_it_runs(api: Api) -> None
     assert done.status_code == 200, done.text
     assert done.json()["done"] is True
     # The first request's busy period, joined; or, had it already ended, a fresh one.
-    assert done.json()["outcome"]["type"] == "succeeded"
+    assert done.json()["outcome"]["type"] == "succeeded", done.json()
 
 
 async def test_interrupt_and_status(api: Api) -> None:
