@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test test-fast lint demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(STAMP)
 
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Everything but the slow fault-injection tests (marked ``fault``), for the edit-test loop.
+test-fast: $(STAMP) $(CHROMIUM)
+	$(PY) -m pytest -q -m "not fault" $(PYTEST_ARGS)
 
 # The live page's test drives Debian's Chromium (never a downloaded browser).
 $(CHROMIUM):
@@ -34,10 +38,13 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/sessionflow demo $(ARGS)
 
+# The drain benchmark runs on SQLite, and on PostgreSQL too when a server is named
+# (BENCH_POSTGRES_URL, by default the test suite's SESSIONFLOW_TEST_POSTGRES_URL).
+BENCH_POSTGRES_URL ?= $(SESSIONFLOW_TEST_POSTGRES_URL)
 bench: $(STAMP)
 	$(PY) bench/store.py
-	$(PY) bench/drain.py
-	$(PY) bench/api.py
+	$(PY) bench/drain.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
+	$(if $(BENCH_POSTGRES_URL),SESSIONFLOW_BENCH_POSTGRES_URL=$(BENCH_POSTGRES_URL)) $(PY) bench/api.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow

@@ -130,6 +130,7 @@ class CompactionActivities:
     ) -> tuple[str, SessionError | None]:
         """Stream the summary call; its text is published as deltas in short batches."""
         store = self.rt.store
+        provider = p.open_provider(self.rt.providers(model))  # before the request counts
         async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
             index = await count_request(tx, claim.session_id)
         provider_request = p.ProviderRequest(
@@ -144,7 +145,7 @@ class CompactionActivities:
         batch: list[ev.Event] = []
         flushed = time.monotonic()
         try:
-            async for event in self.rt.providers(model).stream(provider_request):
+            async for event in provider.stream(provider_request):
                 if isinstance(event, p.ProviderErrorEvent):
                     return "", SessionError(type="provider.unknown", message=event.message)
                 if isinstance(event, p.TextDelta):

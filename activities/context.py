@@ -30,11 +30,20 @@ def tool_settings(tools: ToolRegistry) -> ToolSettings:
     return settings if isinstance(settings, ToolSettings) else ToolSettings()
 
 
+class Unobservable(Exception):
+    """The sources cannot be seen right now (the workspace is gone or unreadable): that is no
+    news about them, so nothing is removed or announced."""
+
+
 def instruction_file(workspace: str, settings: ToolSettings) -> tuple[str, str] | None:
     """(name, text) of the first instruction file the workspace has, read confined."""
     if not Path(workspace).is_dir():
-        return None
-    with Workspace(workspace, settings) as root:
+        raise Unobservable("the workspace is not a directory")
+    try:
+        root_context = Workspace(workspace, settings)
+    except OSError as error:
+        raise Unobservable(f"the workspace cannot be opened: {error.strerror or error}") from error
+    with root_context as root:
         for name in INSTRUCTION_FILES:
             try:
                 opened = root.open_file(name)
@@ -49,7 +58,8 @@ def instruction_file(workspace: str, settings: ToolSettings) -> tuple[str, str] 
 
 
 def sources(workspace: str, entries: dict[str, str], settings: ToolSettings) -> dict[str, str]:
-    """Every source of the system context now: key -> text."""
+    """Every source of the system context now: key -> text. ``Unobservable`` when the
+    workspace cannot be seen."""
     found: dict[str, str] = {}
     file = instruction_file(workspace, settings)
     if file is not None:
@@ -95,27 +105,58 @@ def _removed(key: str) -> str:
     return f"System context source removed: {key}"
 
 
+def _readable(snapshot: object) -> bool:
+    return isinstance(snapshot, dict) and all(
+        isinstance(key, str) and isinstance(text, str) for key, text in snapshot.items()
+    )
+
+
 def reconcile(
-    session_id: str, settings: dict[str, Any], now: dict[str, str], *, first: bool
+    session_id: str, settings: dict[str, Any], now: dict[str, str] | None, *, first: bool
 ) -> tuple[str, list[ev.Event]]:
     """The baseline the request uses, and the events that record what changed.
 
     The session's first request freezes the baseline, and a compaction (which leaves
     ``baseline`` None) has it rebuilt; until a source exists nothing is stored, and a source
-    that appears later arrives as a system message, like any other change.
+    that appears later arrives as a system message, like any other change. ``now`` is None
+    while the sources cannot be observed: a frozen baseline is kept as it is (runner #21), one
+    to rebuild is rebuilt from the sources as last applied (#31), and a first request cannot
+    be built (``Unobservable``; #4).
     """
     stored = settings.get("baseline", {} if "baseline" not in settings else None)
+    if stored is not None and not isinstance(stored, dict):
+        stored = {"baseline": "", "snapshot": None}  # undecodable: healed below
+    if now is None:
+        if isinstance(stored, dict) and stored:
+            return str(stored.get("baseline") or ""), []
+        applied = settings.get("applied")
+        if stored is None and isinstance(applied, dict):
+            event = ev.ContextBaselined(
+                session_id=session_id, baseline=render(applied), snapshot=applied
+            )
+            return event.baseline, [event]
+        if first:
+            raise Unobservable("its sources cannot be read")
+        return "", []
     if stored == {} and (not now or not first):
         stored = {"baseline": "", "snapshot": {}}  # never frozen: the baseline is empty
     if stored is None or stored == {}:
         event = ev.ContextBaselined(session_id=session_id, baseline=render(now), snapshot=now)
         return event.baseline, [event]
-    before: dict[str, str] = stored.get("snapshot") or {}
-    baseline: str = stored.get("baseline") or ""
-    if before == now:
-        return baseline, []
+    baseline = stored.get("baseline")
+    if not isinstance(baseline, str):
+        baseline = ""
+    before = stored.get("snapshot") or {}
+    if not _readable(before):
+        # The record of what was applied cannot be decoded: announce the context as it is now
+        # and record it again (runner #7), rather than guess what the model already knows.
+        texts = [f"The system context, announced again:\n{render(now)}"] if now else []
+    else:
+        if before == now:
+            return baseline, []
+        texts = changes(before, now)
     updates: list[ev.Event] = [
-        ev.InstructionsUpdated(session_id=session_id, text=text) for text in changes(before, now)
+        ev.InstructionsUpdated(session_id=session_id, text=text) for text in texts
     ]
     updates.append(ev.ContextBaselined(session_id=session_id, baseline=baseline, snapshot=now))
     return baseline, updates

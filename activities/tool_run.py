@@ -55,8 +55,7 @@ class ToolActivities:
             activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
-            session = await self.rt.store.sessions.get(claim.session_id)
-            part = await self.rt.store.sessions.tool_part(
+            session, part = await self.rt.store.sessions.tool_call(
                 claim.session_id, request.assistant_message_id, request.call_id
             )
             if part is None:

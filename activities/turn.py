@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -41,6 +42,7 @@ from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from sessionflow import telemetry
 from sessionflow.agents import Agent
+from sessionflow.errors import ContextUnavailableError
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
@@ -73,6 +75,19 @@ async def count_request(tx: Tx, session_id: str) -> int:
     return int(count) - 1
 
 
+@dataclass(frozen=True)
+class _Begun:
+    """An attempt as its opening transaction left it."""
+
+    session: SessionInfo
+    step: int
+    index: int
+    baseline: str
+    agent: Agent
+    model: ModelRef
+    provider: p.Provider
+
+
 class TurnActivities:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
@@ -83,7 +98,7 @@ class TurnActivities:
         claim = to_claim(request.claim)
         async with translated(), heartbeating(store, request.claim):
             try:
-                session, step, index, baseline = await self._begin(claim, request)
+                begun = await self._begin(claim, request)
             except _CompactFirst:
                 # Rolled back: nothing written, nothing promoted. The workflow compacts first.
                 return TurnResult(
@@ -91,10 +106,8 @@ class TurnActivities:
                     step=request.step,
                     compact=True,
                 )
-            # Sampled once per attempt: a selection changing meanwhile applies to the next.
-            agent = self.rt.agents.get(session.agent)
-            model = ModelRef.parse(agent.model) if agent.model else session.model
-            assert model is not None
+            session, step, index, baseline = begun.session, begun.step, begun.index, begun.baseline
+            agent, model = begun.agent, begun.model
             last_step = request.max_steps is not None and step >= request.max_steps
             hidden = self._hidden(session, agent)
             provider_request = await self._request(
@@ -110,6 +123,7 @@ class TurnActivities:
             if request.retry > 0:
                 publisher.start_assistant()  # a retry re-announces the same assistant message
             stream = _Stream(self.rt, claim, request, publisher, last_step, hidden)
+            stream.provider = begun.provider
             attributes: dict[str, str | int] = {
                 "session.id": claim.session_id,
                 "model": str(model),
@@ -148,17 +162,21 @@ class TurnActivities:
         size = compaction.estimate(history, session.model, added, overhead)
         return compaction.over_limit(size, limits, settings)
 
-    async def _begin(self, claim: Claim, request: TurnInput) -> tuple[SessionInfo, int, int, str]:
-        """Open the attempt in one fenced transaction: promote what is pending, reconcile the
-        context baseline, record that a model call is in flight, count the request. Returns
-        the session, the step (1 when a prompt was promoted), the request's index and the
-        baseline."""
+    async def _begin(self, claim: Claim, request: TurnInput) -> _Begun:
+        """Open the attempt in one fenced transaction: open the provider (a script that does
+        not load fails here, and the rollback leaves nothing promoted and no turn used),
+        promote what is pending, reconcile the context baseline, record that a model call is
+        in flight, count the request. The step is 1 when a prompt was promoted."""
         store = self.rt.store
         step = request.step
         async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
             session = await store.sessions.get(claim.session_id, tx=tx)
             if session.model is None:
                 raise ValueError(f"Session {session.id} has no model; select one first")
+            # Sampled once per attempt: a selection changing meanwhile applies to the next.
+            agent = self.rt.agents.get(session.agent)
+            model = ModelRef.parse(agent.model) if agent.model else session.model
+            provider = p.open_provider(self.rt.providers(model))
             if not request.skip_compaction and await self._would_overflow(session, request):
                 raise _CompactFirst()
             # Context changes come before what is promoted now: they happened before it.
@@ -173,14 +191,21 @@ class TurnActivities:
             # A model call is in flight: a takeover must treat the step's outcome as unknown.
             await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
             index = await count_request(tx, claim.session_id)
-        return session, step, index, baseline
+        return _Begun(session, step, index, baseline, agent, model, provider)
 
     async def _baseline(self, tx: Tx, session: SessionInfo) -> str:
         """The frozen system context; changes to its sources become system messages."""
         entries = session.settings.get("context") or {}
-        now = context.sources(session.directory, entries, context.tool_settings(self.rt.tools))
+        now: dict[str, str] | None
+        try:
+            now = context.sources(session.directory, entries, context.tool_settings(self.rt.tools))
+        except context.Unobservable as unseen:
+            now, why = None, str(unseen)
         first = session.requests == 0
-        baseline, events = context.reconcile(session.id, session.settings, now, first=first)
+        try:
+            baseline, events = context.reconcile(session.id, session.settings, now, first=first)
+        except context.Unobservable:
+            raise ContextUnavailableError(session.id, session.directory, why) from None
         if events:
             await self.rt.store.events.publish_many(events, tx=tx)
         return baseline
@@ -286,6 +311,7 @@ class _Stream:
         self.closing = False
         self.store_failed = False
         self.signalling: asyncio.Task[None] | None = None
+        self.provider: p.Provider | None = None  # opened by the attempt's first transaction
 
     async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
         publisher = self.publisher
@@ -293,7 +319,7 @@ class _Stream:
         courier = asyncio.create_task(self._courier())
         try:
             try:
-                provider = self.rt.providers(provider_request.model)
+                provider = self.provider or self.rt.providers(provider_request.model)
                 async for event in provider.stream(provider_request):
                     if courier.done():
                         break  # it failed (a lost claim): its error is raised below
@@ -370,9 +396,13 @@ class _Stream:
         if not self.last_step and call.name not in self.hidden:
             self.calls.append(call)
             return True
-        error = SessionError(
-            type="tool.execution", message=f"Tool is not available for this request: {call.name}"
-        )
+        message = f"Tool is not available for this request: {call.name}"
+        if self.last_step:
+            message += (
+                f" (the step limit was reached: max_steps={self.request.max_steps}; tools are "
+                f"disabled until the next prompt)"
+            )
+        error = SessionError(type="tool.execution", message=message)
         self.publisher.queue.append(
             ev.ToolFailed(
                 session_id=self.claim.session_id,

@@ -33,6 +33,18 @@ on the same server. CPU seconds of this process and of the dev server, and how l
 one SQLite writer was held, show where the machine's time goes. ``--profile FILE`` also writes a
 cProfile of the event-loop thread during the throughput rounds and prints its top functions.
 
+``--database`` picks the store: ``sqlite`` (a file in the run's temporary directory, the default)
+or a PostgreSQL server URL (a fresh database on it, dropped afterwards); given several times, each
+database is measured in turn against the same dev server, with its own baseline rounds. For each
+it also prints:
+
+5. token latency: the scripted provider yields a text delta -> a follower in another process
+   (``bench/follow.py``, the store's live log) receives it, p50 and p99, next to the raw floor
+   measured through the same follower in the same run: an event row inserted and committed by
+   hand (``bench/tokens.py``);
+6. the worker's CPU per session (this process runs the worker) and its round trips per session
+   and per activity (statements on SQLite), counted at the driver (``bench/counting.py``).
+
 Last, the cost of the shell sandbox and of a policy check (``bench/shell.py``).
 
 Targets: tool start <= 60 ms median, settle -> next request <= 80 ms median, throughput >= 50 %
@@ -91,6 +103,7 @@ from activities.providers.scripted import ScriptedProvider  # noqa: E402
 from activities.runtime import ProviderFactory, default_providers  # noqa: E402
 from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry  # noqa: E402
 from activities.tools.testing import testing_registry  # noqa: E402
+from bench import counting, tokens  # noqa: E402
 from bench.shell import report as shell_costs_report  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, ClientEvent, SessionClient  # noqa: E402
 from sessionflow.models.common import ModelRef  # noqa: E402
@@ -102,6 +115,12 @@ from worker import build_worker  # noqa: E402
 TOOL_START_TARGET_MS = 60.0
 SETTLE_TARGET_MS = 80.0
 THROUGHPUT_TARGET = 0.50
+COUNTER = counting.Counter()
+TRIPS = {"sqlite": "statements", "postgresql": "round trips"}
+DIALECT = "sqlite"  # of the database being measured (set in ``measure``)
+TOKENS = 20  # per token session
+TOKEN_SESSIONS = 3
+TOKEN_GAP_MS = 60  # the provider's pause after each delta (longer than a batch interval)
 TERMINAL = {
     "session.execution.succeeded",
     "session.execution.failed",
@@ -130,6 +149,7 @@ class Clock:
     """What the instrumented worker saw, keyed by session."""
 
     requests: dict[tuple[str, int], float] = field(default_factory=dict)
+    deltas: dict[tuple[str, str], float] = field(default_factory=dict)  # (session, word)
     tool_starts: dict[tuple[str, str], float] = field(default_factory=dict)
     activities: list[ActivityRecord] = field(default_factory=list)
     finished: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -194,7 +214,16 @@ class RecordingProvider:
 
     def stream(self, request: p.ProviderRequest) -> AsyncIterator[p.StreamEvent]:
         self.clock.requests[(request.session_id, request.request_index)] = time.time()
-        return self.inner.stream(request)
+        return self._timed(request.session_id, self.inner.stream(request))
+
+    async def _timed(
+        self, session_id: str, stream: AsyncIterator[p.StreamEvent]
+    ) -> AsyncIterator[p.StreamEvent]:
+        async for event in stream:
+            if isinstance(event, p.TextDelta):
+                for word in event.delta.split():
+                    self.clock.deltas.setdefault((session_id, word), time.time())
+            yield event
 
 
 def recording_providers(clock: Clock) -> ProviderFactory:
@@ -248,9 +277,11 @@ class _TimedActivity(ActivityInboundInterceptor):
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         entered = time.time()
+        scoped = counting.scope.set(activity.info().activity_type)
         try:
             return await super().execute_activity(input)
         finally:
+            counting.scope.reset(scoped)
             info = activity.info()
             session_id = (info.workflow_id or "").removeprefix(WORKFLOW_ID_PREFIX)
             if info.activity_type == "finish_execution":
@@ -525,6 +556,8 @@ class Round:
     write_held: float = 0.0
     write_waited: float = 0.0
     workflow_ids: tuple[str, ...] = ()
+    trips: collections.Counter[str] = field(default_factory=collections.Counter)
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def sessions_per_second(self) -> float:
@@ -556,11 +589,14 @@ async def drain_round(
 
     cpu = CpuMeter()
     writes, held, waited = writer.snapshot()
+    trips, recorded = COUNTER.snapshot(), len(clock.activities)
     started = time.perf_counter()
     await asyncio.gather(*(one(sid) for sid in sids))
     seconds = time.perf_counter() - started
     cpu_self, cpu_server = cpu.read()
     writes_after, held_after, waited_after = writer.snapshot()
+    trips = COUNTER.snapshot() - trips
+    calls = collections.Counter(a.type for a in clock.activities[recorded:])
     samples = Samples()
     for sid in sids:
         events = await finished(sf, clock, sid, timeout=1)
@@ -582,6 +618,8 @@ async def drain_round(
             held_after - held,
             waited_after - waited,
             tuple(f"session-{sid}" for sid in sids),
+            trips,
+            calls,
         ),
         samples,
     )
@@ -737,7 +775,14 @@ def print_rounds(rounds: Sequence[Round]) -> None:
             f"{r.cpu_server:>12.2f}"
         )
     for r in rounds:
-        if r.writes:
+        if r.system == "sessionflow":
+            print(
+                f"  sessionflow round of {r.seconds:.1f} s: worker CPU "
+                f"{r.cpu_self / r.sessions:.3f} s per session; "
+                f"{r.trips.total() / r.sessions:.0f} {TRIPS[DIALECT]} per session"
+            )
+    for r in rounds:
+        if r.writes and DIALECT == "sqlite":
             print(
                 f"  sessionflow round of {r.seconds:.1f} s: {r.writes} SQLite write transactions "
                 f"({r.writes / r.sessions:.0f} per session) held the store's one writer "
@@ -747,10 +792,116 @@ def print_rounds(rounds: Sequence[Round]) -> None:
             )
 
 
+def print_trips(rounds: Sequence[Round]) -> None:
+    """Round trips (statements on SQLite) per activity, summed over the drain rounds."""
+    chosen = [r for r in rounds if r.system == "sessionflow"]
+    if not chosen:
+        return
+    trips: collections.Counter[str] = sum((r.trips for r in chosen), collections.Counter())
+    calls: collections.Counter[str] = sum((r.calls for r in chosen), collections.Counter())
+    sessions = sum(r.sessions for r in chosen)
+    print(f"  {TRIPS[DIALECT]} by activity (all drain rounds; per call, and per session):")
+    for name, n in trips.most_common():
+        per_call = f"{n / calls[name]:>6.1f}" if calls.get(name) else f"{'-':>6}"
+        print(f"    {name:<28} {per_call} per call {n / sessions:>8.1f} per session")
+    tool_calls = calls.get("run_tool", 0)
+    if tool_calls:
+        print(
+            f"  per tool call: {trips['run_tool'] / tool_calls:.1f} in run_tool; "
+            f"{trips.total() / tool_calls:.1f} of everything the session did, per tool call"
+        )
+
+
 def rate(rounds: Iterable[Round]) -> float:
     chosen = list(rounds)
     seconds = sum(r.seconds for r in chosen)
     return sum(r.sessions for r in chosen) / seconds if seconds else 0.0
+
+
+async def two_worker_round(
+    env: WorkflowEnvironment, client: Client, store: Store, url: str, root: Path, shape: Shape
+) -> Round:
+    """One throughput round served by two worker processes (``bench/worker.py``) on one task
+    queue and one store, after a warm-up; no in-process worker takes part."""
+    queue = f"bench-two-{uuid.uuid4().hex[:8]}"
+    sf = SessionClient(client, store, task_queue=queue)
+    model = write_script(root, shape)
+    workspace = root / "workspace"
+    address = env.client.service_client.config.target_host
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.worker",
+            address,
+            queue,
+            url,
+            cwd=tokens.ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+
+    async def sessions(count: int) -> None:
+        sids = [
+            await sf.create_session(workspace=str(workspace), model=model) for _ in range(count)
+        ]
+
+        async def one(sid: str) -> None:
+            await sf.prompt(sid, "Go")
+            await client.get_workflow_handle(f"{WORKFLOW_ID_PREFIX}{sid}").result()
+
+        await asyncio.gather(*(one(sid) for sid in sids))
+
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            assert (await process.stdout.readline()).strip() == b"ready"
+        await sessions(min(5, shape.sessions))
+        started = time.perf_counter()
+        await sessions(shape.sessions)
+        seconds = time.perf_counter() - started
+    finally:
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.close()
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+    activities = shape.sessions * units(shape)
+    return Round(
+        "two workers", shape.sessions, shape.sessions * shape.turns, activities, seconds, 0, 0
+    )
+
+
+async def token_latency(
+    sf: SessionClient, clock: Clock, root: Path, workspace: Path, url: str
+) -> tuple[list[float], list[float]]:
+    """Token sessions one at a time, then the raw floor, through one follower process."""
+    model = tokens.script(root, TOKENS, TOKEN_GAP_MS)
+    sids = [
+        await sf.create_session(workspace=str(workspace), model=model)
+        for _ in range(TOKEN_SESSIONS)
+    ]
+    raw = f"ses_benchraw{uuid.uuid4().hex[:12]}"
+    follower = tokens.Follower(url, [*sids, raw])
+    async with follower.running():
+        for sid in sids:
+            await sf.prompt(sid, "Go")
+            await finished(sf, clock, sid, timeout=60)
+        sent_tokens = {k: t for k, t in clock.deltas.items() if k[0] in sids}
+        await follower.until(lambda: sent_tokens.keys() <= follower.arrivals.keys(), 10)
+        sent = await tokens.raw_floor(url, raw, TOKENS * TOKEN_SESSIONS, TOKEN_GAP_MS)
+        sent_raw = {(raw, word): t for word, t in sent.items()}
+        await follower.until(lambda: sent_raw.keys() <= follower.arrivals.keys(), 10)
+    return (
+        tokens.latencies(sent_tokens, follower.arrivals),
+        tokens.latencies(sent_raw, follower.arrivals),
+    )
 
 
 # --- setup ----------------------------------------------------------------------------------------
@@ -778,6 +929,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="alternating throughput rounds (the bare baseline alone moves +-15 %% between runs)",
     )
     parser.add_argument("--profile", type=Path, help="write a cProfile of the drain rounds here")
+    parser.add_argument(
+        "--two-workers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run one round on two worker processes (bench/worker.py)",
+    )
+    parser.add_argument(
+        "--database",
+        action="append",
+        help="'sqlite' (a fresh file) or a PostgreSQL server URL (a fresh database on it); "
+        "repeat to run each in turn (default: sqlite)",
+    )
     return parser.parse_args(argv)
 
 
@@ -794,29 +957,62 @@ async def main() -> None:
         f"python {sys.version.split()[0]}, temporalio {temporalio.__version__}, "
         f"sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cpus; dev server {binary} (in-memory)"
     )
+    COUNTER.install()
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary,
+        data_converter=pydantic_data_converter,
+        search_attributes=[SESSION_ID_ATTRIBUTE],
+        dev_server_log_level="error",
+    )
+    try:
+        for database in args.database or ["sqlite"]:
+            await measure(env, database, shape, args)
+        await shell_costs_report()
+    finally:
+        await env.shutdown()
+    print(f"\ntotal {time.perf_counter() - began:.1f} s")
+
+
+@contextlib.asynccontextmanager
+async def database_url(database: str, root: Path) -> AsyncIterator[str]:
+    """A store URL of its own for this run: a SQLite file in ``root``, or a fresh PostgreSQL
+    database on the named server (dropped afterwards)."""
+    if database == "sqlite":
+        yield f"sqlite+aiosqlite:///{root / 'sessionflow.db'}"
+        return
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    server = make_url(database)
+    admin = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    name = f"sf_bench_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def measure(
+    env: WorkflowEnvironment, database: str, shape: Shape, args: argparse.Namespace
+) -> None:
+    global DIALECT
     clock = Clock()
     with tempfile.TemporaryDirectory(prefix="sessionflow-drain-bench-") as directory:
         root = Path(directory)
         workspace = root / "workspace"
         workspace.mkdir()
-        url = f"sqlite+aiosqlite:///{root / 'sessionflow.db'}"
-        print(f"store: SQLite in {root}")
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=binary,
-            data_converter=pydantic_data_converter,
-            search_attributes=[SESSION_ID_ATTRIBUTE],
-            dev_server_log_level="error",
-        )
-        store: Store | None = None
-        try:
+        async with database_url(database, root) as url:
+            DIALECT = "sqlite" if url.startswith("sqlite") else "postgresql"
+            where = root if DIALECT == "sqlite" else url.rsplit("@", 1)[-1]
+            print(f"\n=== store: {DIALECT} ({where}) ===")
             store = await open_store(url, settings=Settings(database_url=url))
-            await run(env, store, clock, root, workspace, shape, args)
-            await shell_costs_report()
-        finally:
-            if store is not None:
+            try:
+                await run(env, store, clock, root, workspace, shape, args, url)
+            finally:
                 await store.close()
-            await env.shutdown()
-    print(f"\ntotal {time.perf_counter() - began:.1f} s")
 
 
 class Phases:
@@ -845,6 +1041,7 @@ async def run(
     workspace: Path,
     shape: Shape,
     args: argparse.Namespace,
+    url: str,
 ) -> None:
     # One client for both workers, carrying the activity timer (the worker picks it up).
     timed = Client(
@@ -891,6 +1088,9 @@ async def run(
             base_ids = await baseline_idle(timed, base_queue, shape, args.latency_sessions)
             bare_hops = baseline_hops(clock, base_ids, shape)
 
+        with phase("token latency"):
+            token_ms, raw_ms = await token_latency(sf, clock, root, workspace, url)
+
         rounds: list[Round] = []
         loaded = Samples()
         profiler = cProfile.Profile() if args.profile else None
@@ -916,11 +1116,20 @@ async def run(
         f"  (client.prompt itself, admit + signal-with-start: median {median(prompt_ms):.1f} ms, "
         f"p95 {p95(prompt_ms):.1f} ms)"
     )
-    if idle_writes:
+    if idle_writes and DIALECT == "sqlite":
         print(
             f"  ({idle_writes / args.latency_sessions:.0f} SQLite write transactions per session, "
             f"each holding the store's one writer {idle_held / idle_writes * 1000:.1f} ms)"
         )
+    print(
+        f"  token latency, provider yields a text delta -> a follower in another process has it "
+        f"({len(token_ms)} deltas): p50 {tokens.percentile(token_ms, 0.5):.1f} ms, "
+        f"p99 {tokens.percentile(token_ms, 0.99):.1f} ms"
+    )
+    print(
+        f"  raw floor, an insert + commit by hand -> the same follower ({len(raw_ms)} rows): "
+        f"p50 {tokens.percentile(raw_ms, 0.5):.1f} ms, p99 {tokens.percentile(raw_ms, 0.99):.1f} ms"
+    )
     print()
     print_hops("where the idle latency goes:", idle)
     print(
@@ -943,11 +1152,14 @@ async def run(
         f"provider requests + tool calls, which the baseline runs as no-op activities):"
     )
     print_rounds(rounds)
+    print_trips(rounds)
     for system in ("bare Temporal", "sessionflow"):
         last = next(r for r in reversed(rounds) if r.system == system)
         shape_of = await history_shape(timed, last.workflow_ids[0])
         print(f"  one {system} session's history: {shape_of}")
     drain_rate = rate(r for r in rounds if r.system == "sessionflow")
+    if args.two_workers:
+        two = await two_worker_round(env, timed, store, url, root, shape)
     base_rate = rate(r for r in rounds if r.system != "sessionflow")
     ratio = drain_rate / base_rate if base_rate else 0.0
     print(
@@ -956,6 +1168,13 @@ async def run(
         f"ratio {ratio:.0%} (target >={THROUGHPUT_TARGET:.0%})  "
         f"{verdict(ratio, THROUGHPUT_TARGET, at_most=False)}"
     )
+    if args.two_workers:
+        print(
+            f"  two worker processes on one task queue and this store: {two.sessions} sessions in "
+            f"{two.seconds:.2f} s, {two.sessions_per_second:.2f} sessions/s "
+            f"(one worker: {drain_rate:.2f}; ratio to bare Temporal "
+            f"{two.sessions_per_second / base_rate if base_rate else 0:.0%})"
+        )
     if args.profile is not None and profiler is not None:
         profiler.dump_stats(str(args.profile))
         text = io.StringIO()

@@ -24,8 +24,6 @@ import typer
 
 from sessionflow import cli_answers, locate
 from sessionflow.errors import SessionflowError
-from sessionflow.models.drain import TASK_QUEUE
-from sessionflow.settings import Settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -67,6 +65,7 @@ class Options:
 
     @classmethod
     def queue(cls) -> str:
+        from sessionflow.models.drain import TASK_QUEUE
 
         return cls.task_queue or TASK_QUEUE
 
@@ -187,6 +186,7 @@ async def session_client(*, create: bool = False) -> AsyncIterator[SessionClient
             f"directory that holds its .sessionflow/, or pass --database",
         )
     from sessionflow import telemetry
+    from sessionflow.settings import Settings
 
     telemetry.configure(Settings.from_env().otel_exporter)
     temporal = await connect(Options.address, seconds=5)
@@ -360,7 +360,7 @@ def interrupt(
     text = {
         "stopped": "interrupted",
         "idle": "nothing to interrupt",
-        "sent": f"queued, not stopped yet: {answer.detail or 'no worker answered'}",
+        "sent": answer.detail or "queued until a worker is back",
     }[answer.status]
     value = {"accepted": bool(answer), "status": answer.status, "detail": answer.detail}
     emit(value, as_json, text)

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sessionflow.models.permissions import Decision, RespondResult
-
 if TYPE_CHECKING:
     from sessionflow.client import SessionClient
+    from sessionflow.models.permissions import Decision, RespondResult
 
 SESSION = typer.Argument(..., help="Session id")
 REQUEST = typer.Argument(None, help="The waiting request's id (default: the only one waiting)")

@@ -72,6 +72,10 @@ from store.sessions import SessionInfo
 
 SESSION_ID_ATTRIBUTE = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 WORKFLOW_TYPE = "SessionWorkflow"
+# Tools of one turn run as activities, at most this many at once; the workflow schedules one
+# only when a slot is free, so a turn with more calls than that waits instead of reaching
+# Temporal's limit of 2,000 pending activities per workflow (catalogue D6).
+MAX_ACTIVE_TOOLS = 1000
 # A live worker long-polls its task queue about once a minute; one not seen for longer is gone.
 WORKER_SEEN_S = 90
 ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
@@ -86,8 +90,10 @@ class Interruption:
     - ``stopped``: this request stopped the running busy period (its terminal event is
       ``execution.interrupted``);
     - ``idle``: nothing was running, or another request is already stopping it;
-    - ``sent``: no worker answered in time. The interrupt is recorded in the workflow and
-      takes effect when a worker picks it up, if the session is still busy then.
+    - ``sent``: no worker answered in time: the interrupt is queued in the workflow until a
+      worker is back, and then comes first: it stops the busy period, and the wakes rung
+      before it (prompts not yet run) are claimed by it, so those prompts stay pending until
+      the next prompt or resume.
     """
 
     status: Literal["stopped", "idle", "sent"]
@@ -127,6 +133,15 @@ class SessionStatus:
     pending_inputs: int
     # Set when the session has work but no worker to do it: what to start, and where.
     waiting_for_worker: str | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Idle now: no busy period runs and none is about to, so nothing will happen until
+        the next prompt or resume. Work that waits for a worker is not idle, nor is a rung
+        doorbell or an input that the open run will pick up."""
+        if self.busy or self.waiting_for_worker or (self.drain and self.drain.pending_wake):
+            return False
+        return not (self.drain is not None and self.pending_inputs)
 
 
 class SessionClient:
@@ -203,8 +218,11 @@ class SessionClient:
         an unknown provider or a script that does not load is an ``InvalidInputError``."""
         if session_id is not None:
             validate_id(session_id)  # the cheapest check first: before any file is read
-        if max_active_tools < 1:
-            raise ValueError(f"max_active_tools must be at least 1, got {max_active_tools}")
+        if not 1 <= max_active_tools <= MAX_ACTIVE_TOOLS:
+            raise ValueError(
+                f"max_active_tools must be between 1 and {MAX_ACTIVE_TOOLS}, got "
+                f"{max_active_tools} (a workflow may hold at most 2,000 pending activities)"
+            )
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         settings: dict[str, Any] = {"max_active_tools": max_active_tools}
@@ -358,12 +376,7 @@ class SessionClient:
         if not await self._polled(queue):
             await handle.signal("interrupt", request)
             pending = len(await self.store.inputs.pending(session_id))
-            return Interruption(
-                "sent",
-                f"no worker is polling task queue {queue}: the interrupt is recorded and stops "
-                f"the session if it is busy when a worker polls; {pending} pending input(s) "
-                f"still run then",
-            )
+            return Interruption("sent", _queued(queue, pending))
         try:
             result = await handle.execute_update(
                 "interrupt",
@@ -374,7 +387,8 @@ class SessionClient:
             )
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             await handle.signal("interrupt", request)
-            return Interruption("sent", f"no worker on task queue {queue} answered in time")
+            pending = len(await self.store.inputs.pending(session_id))
+            return Interruption("sent", _queued(queue, pending, polled=True))
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 return Interruption("idle")  # the run closed meanwhile
@@ -522,18 +536,28 @@ class SessionClient:
                 return str(description.task_queue)
         return None if running_only else self.task_queue
 
-    async def wait_idle(self, session_id: str, *, timeout: float = 60.0) -> None:  # noqa: ASYNC109
-        """Wait until no busy period runs (never starts work). Work that waits for a worker
-        is not idle: this keeps waiting for one, up to ``timeout``."""
+    async def wait_idle(
+        self,
+        session_id: str,
+        *,
+        timeout: float = 60.0,  # noqa: ASYNC109
+    ) -> SessionStatus:
+        """Wait until the session is idle now (``SessionStatus.idle``) and return that status;
+        never starts work. Work that waits for a worker is not idle: this keeps waiting for
+        one. ``TimeoutError`` after ``timeout`` seconds says what it still waited for.
+
+        Idle says nothing about how the last busy period ended (read its terminal event), and
+        inputs may still be pending (``pending_inputs``): prompts admitted with ``wake=False``,
+        or woken before an interrupt claimed their wakes; they run at the next prompt or resume.
+        """
         deadline = time.monotonic() + timeout
         while True:
             status = await self.status(session_id)
-            waiting = status.waiting_for_worker or (status.drain and status.drain.pending_wake)
-            if not status.busy and not waiting:
-                return
+            if status.idle:
+                return status
             if time.monotonic() > deadline:
-                why = f": {status.waiting_for_worker}" if status.waiting_for_worker else ""
-                raise TimeoutError(f"Session {session_id} still busy after {timeout} s{why}")
+                why = status.waiting_for_worker or ("busy" if status.busy else "about to run")
+                raise TimeoutError(f"Session {session_id} not idle after {timeout} s: {why}")
             await asyncio.sleep(0.05)
 
     # --- events ---------------------------------------------------------------------------------
@@ -548,6 +572,21 @@ class SessionClient:
 
     def _handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(workflow_id(validate_id(session_id)))
+
+
+def _queued(queue: str, pending: int, *, polled: bool = False) -> str:
+    """What an interrupt that no worker took means: it waits in the workflow for one."""
+    waiting = "input waits" if pending == 1 else "inputs wait"
+    why = (
+        f"no worker on task queue {queue} answered in time"
+        if polled
+        else f"no worker is polling task queue {queue} ({pending} pending {waiting} for one)"
+    )
+    return (
+        f"queued until a worker is back: {why}. When one polls, the interrupt comes first: it "
+        f"stops the busy period, and prompts woken before it do not run (they stay pending "
+        f"until the next prompt or resume)."
+    )
 
 
 def _summary(info: SessionInfo) -> str:

@@ -180,12 +180,54 @@ def _ui_port(host: str, port: int, asked: int | None) -> int:
 
 
 def _known_ui(state: Path, host: str, port: str) -> int | None:
-    """The UI port of a running server: recorded when this tool started it, else the dev
-    server's default if something answers there."""
+    """The UI port of a running server: what its own command line says (whoever started it,
+    from wherever), else what this tool recorded when it started it, else the dev server's
+    default if something answers there."""
+    found = ui_port_of_server(int(port))
+    if found is not None:
+        return found or None
     with contextlib.suppress(OSError, ValueError):
         return int(state_file(state, port, "ui").read_text())
     default = int(port) + UI_OFFSET
     return default if answers(host, default) else None
+
+
+def ui_port_of_server(port: int) -> int | None:
+    """The UI port of the ``temporal server start-dev`` listening on ``port``, read from its
+    command line (Linux ``/proc``); 0 when it runs headless, None when it cannot be told (no
+    such process of ours, or not a dev server)."""
+    args = _listener_args(port)
+    if args is None or "start-dev" not in args:
+        return None
+    if "--headless" in args:
+        return 0
+    for i, arg in enumerate(args):
+        value = arg.removeprefix("--ui-port=") if arg.startswith("--ui-port=") else None
+        if arg == "--ui-port" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is not None and value.isdigit():
+            return int(value)
+    return port + UI_OFFSET
+
+
+def _listener_args(port: int) -> list[str] | None:
+    """The command line of the process listening on TCP ``port``, if this user can see it."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, listening = fields[1], fields[3] == "0A"
+                if listening and int(local.rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir() if inodes else ():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                raw = (proc / "cmdline").read_bytes()
+                return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+    return None
 
 
 def _last_line(log: Path) -> str:

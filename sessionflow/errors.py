@@ -39,6 +39,18 @@ class InvalidInputError(SessionflowError, ValueError):
     """Input rejected at the edge; nothing was written."""
 
 
+class ContextUnavailableError(SessionflowError):
+    """The session's first request cannot be built: its system context cannot be read (the
+    workspace is missing or unreadable). Nothing was promoted or sent (reference runner #4)."""
+
+    def __init__(self, session_id: str, directory: str, why: str) -> None:
+        super().__init__(
+            f"The system context of session {session_id} is unavailable: {why} ({directory}). "
+            f"Nothing was sent to the model and the prompt is still pending: resume the session "
+            f"once the workspace is back."
+        )
+
+
 class InvalidIdError(InvalidInputError):
     def __init__(self, kind: str, value: object) -> None:
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
@@ -172,6 +184,19 @@ class StoreUnavailableError(StoreError):
             f"The database is unavailable: {reason}. Nothing partial was committed, but a "
             f"write cut off mid-commit may have committed whole. Retry once the database is "
             f"back (the store reconnects by itself)."
+        )
+        self.reason = reason
+
+
+class StoreOpenError(StoreUnavailableError):
+    """The store could not be brought to its current schema (its migrations were refused)."""
+
+    def __init__(self, reason: str) -> None:
+        StoreError.__init__(
+            self,
+            f"The store cannot be opened: {reason}. Nothing was changed. Open it again once "
+            f"the database accepts writes (a store already at the current schema opens on a "
+            f"read-only database, and only its writes fail).",
         )
         self.reason = reason
 

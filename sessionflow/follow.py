@@ -14,19 +14,11 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from sessionflow.client import ClientEvent, SessionClient, SessionStatus
+from sessionflow.client import ClientEvent, SessionClient
 from sessionflow.watch import TERMINALS, Renderer
 from store.events import StoredEvent, Synced
 
 QUIET_S = 1.0  # with no event for this long, ask again whether the session is idle
-
-
-def idle_now(status: SessionStatus) -> bool:
-    """Nothing runs and nothing is about to: no busy period, no rung doorbell, no input that
-    an open run will pick up, no work waiting for a worker."""
-    if status.busy or status.waiting_for_worker or (status.drain and status.drain.pending_wake):
-        return False
-    return not (status.drain is not None and status.pending_inputs)
 
 
 async def follow(
@@ -66,7 +58,7 @@ async def follow(
             if not until_idle:
                 continue
             status = await client.status(session_id)
-            if idle_now(status):
+            if status.idle:
                 return last or await last_terminal(client, session_id)
             if status.waiting_for_worker and not warned and on_waiting is not None:
                 on_waiting(f"{status.waiting_for_worker} Waiting.")

@@ -22,6 +22,11 @@ Environment variables (all optional):
   whatever this is; a turn that outlives it is restarted like one whose worker died.
 - ``SESSIONFLOW_SANDBOX``: ``off`` runs ``bash`` commands without the bubblewrap sandbox
   (default ``on``; an explicit opt-out, logged at worker start, never a fallback).
+- ``SESSIONFLOW_DB_POOL_SIZE`` and ``SESSIONFLOW_DB_POOL_OVERFLOW``: PostgreSQL connections one
+  process keeps open, and may open beyond them at a peak (defaults 10 and 10). An activity holds
+  one only for a transaction, never while a model streams or a tool runs, so the defaults serve
+  the default 1,000 activity slots; claim renewals have two of their own besides
+  (``store.db.Pools``). A worker process opens at most size + overflow + 8 connections.
 - ``SESSIONFLOW_AGENTS``: a TOML or JSON file of custom agents (``activities/agents.py``).
 """
 
@@ -50,6 +55,8 @@ class Settings(BaseModel):
     batch_ms: int = Field(default=30, ge=1, le=1000)
     sandbox: bool = True
     agents_file: str | None = None
+    db_pool_size: int = Field(default=10, ge=1)
+    db_pool_overflow: int = Field(default=10, ge=0)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -67,6 +74,8 @@ class Settings(BaseModel):
             ("batch_ms", "SESSIONFLOW_BATCH_MS"),
             ("sandbox", "SESSIONFLOW_SANDBOX"),
             ("agents_file", "SESSIONFLOW_AGENTS"),
+            ("db_pool_size", "SESSIONFLOW_DB_POOL_SIZE"),
+            ("db_pool_overflow", "SESSIONFLOW_DB_POOL_OVERFLOW"),
         ):
             if env.get(name):
                 values[field] = env[name]

@@ -9,9 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from sessionflow.watch import OUTPUT_LINES, clip, output_text
-
-PROMPT_CHARS = 2000  # a prompt longer than this is cut, with a marker, unless --full
+from sessionflow.watch import OUTPUT_LINES, clip, cut, output_text
 
 
 class Transcript:
@@ -31,10 +29,7 @@ class Transcript:
             self.console.print(f"[dim]{message.type}[/] {text}", highlight=False)
 
     def _cut(self, text: str) -> str:
-        if self.full or len(text) <= PROMPT_CHARS:
-            return text
-        rest = len(text) - PROMPT_CHARS
-        return f"{text[:PROMPT_CHARS]}… [{rest} more characters; --full shows all]"
+        return text if self.full else cut(text)
 
     def _assistant(self, message: Any) -> None:
         print_ = self.console.print

@@ -34,6 +34,16 @@ def output_text(data: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
+PROMPT_CHARS = 2000  # a prompt longer than this is cut, with a marker, unless --full
+
+
+def cut(text: str) -> str:
+    """``text``, cut after ``PROMPT_CHARS`` characters with a marker saying how much is left."""
+    if len(text) <= PROMPT_CHARS:
+        return text
+    return f"{text[:PROMPT_CHARS]}… [{len(text) - PROMPT_CHARS} more characters; --full shows all]"
+
+
 def clip(text: str, lines: int | None) -> tuple[list[str], int]:
     """The first ``lines`` lines of ``text`` (all when None) and how many were left out."""
     every = text.rstrip("\n").split("\n") if text.strip() else []
@@ -73,6 +83,7 @@ class Renderer:
     def __init__(self, console: Console, *, as_json: bool = False, full: bool = False) -> None:
         self.console = console
         self.as_json = as_json
+        self.full = full
         self.output_lines: int | None = None if full else OUTPUT_LINES
         self.created = 0
         self.prompts: dict[str, str] = {}
@@ -138,7 +149,7 @@ class Renderer:
 
     def _prompt_promoted(self, data: dict[str, Any]) -> None:
         text = self.prompts.get(data["input_id"], "")
-        self._line(f"[bold cyan]you[/] {escape(text)}")
+        self._line(f"[bold cyan]you[/] {escape(text if self.full else cut(text))}")
 
     def _step_started(self, data: dict[str, Any]) -> None:
         model = data["model"]

@@ -200,7 +200,7 @@ class Claims:
 
     async def _held(self, session_id: str) -> ClaimHeldError:
         """Who holds the claim an acquisition could not lock in time, as last committed."""
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             ((execution_id, expires_at, now),) = await _HOLDER.rows(
                 conn, self.db.dialect, {"sid": session_id}
             )
@@ -243,7 +243,7 @@ class Claims:
 
     async def renew(self, claim: Claim) -> Claim:
         """Extend a live claim by its lease; ``ClaimLostError`` if it is not live any more."""
-        return await self.db.transact(lambda tx: self._renew_in(tx, claim, None))
+        return await self.db.transact(lambda tx: self._renew_in(tx, claim, None), renewal=True)
 
     async def release(self, claim: Claim) -> None:
         """Delete the claim (same fence); ``ClaimLostError`` if it was not live."""
@@ -362,7 +362,7 @@ class Claims:
 
     async def why_lost(self, claim: Claim, step_attempt: int | None = None) -> ClaimLostError:
         """The error that explains why a fenced write of ``claim`` was refused."""
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             return await self._lost(conn, claim, step_attempt)
 
     async def _lost(
@@ -392,7 +392,7 @@ class Claims:
 
     async def current(self, session_id: str) -> Claim | None:
         """The session's claim row, live or expired (None when released)."""
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             query = sa.select(execution_table).where(_x.session_id == session_id)
             row = (await conn.execute(query)).one_or_none()
         return None if row is None else _row_claim(row, self.lease_ms)
@@ -401,7 +401,7 @@ class Claims:
         self, *, limit: int = 100, phases: tuple[Phase, ...] = ("ready", "unknown", "continue")
     ) -> list[str]:
         """Sessions whose claim expired without a release, oldest first: recovery candidates."""
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             query = (
                 sa.select(_x.session_id)
                 .where(_x.expires_at <= now_ms(self.db.dialect), _x.phase.in_(phases))
@@ -412,7 +412,7 @@ class Claims:
 
     async def recoveries(self, session_id: str) -> list[Recovery]:
         """Pending recoveries: ``wake_pending`` without error, oldest first, then execution id."""
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             rows = await _RECOVERIES.rows(conn, self.db.dialect, {"sid": session_id})
         return [Recovery(**dict(zip(_RECOVERY_COLUMNS, row, strict=True))) for row in rows]
 

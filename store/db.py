@@ -4,7 +4,11 @@ SQLite: WAL, ``BEGIN IMMEDIATE`` for every write transaction (a deferred transac
 upgrades to a write gets SQLITE_BUSY at once, ignoring busy_timeout), a busy timeout of several
 seconds, and one writer connection per process through which that process's writes are
 serialized (several writers racing on one file starve each other for seconds).
-PostgreSQL: one pool; fenced transactions lock the claim row. Every connection is pinned to
+PostgreSQL: one pool (``Pools``), and a small one of its own for claim renewals, so that a
+renewal never waits behind the checkouts of a worker's other activities; fenced transactions lock
+the claim row. A checkout costs no round trip: a connection the server closed while it sat idle
+is told apart by its socket, as ``store.fast`` does, instead of a pre-ping. A read of one
+statement runs without a transaction (no BEGIN, no COMMIT). Every connection is pinned to
 READ COMMITTED and bounded in how long it may wait (``Waits``), whatever the server's defaults.
 
 A write commits and announces (runs its after-commit callbacks) as one unit, still holding this
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import select
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
@@ -29,13 +34,23 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from psycopg.conninfo import make_conninfo
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sessionflow.errors import TransactionConflictError
-from store.dialect import DialectName, Waits, dialect_of, postgres_options, typed_errors
+from sessionflow.errors import StoreOpenError, StoreUnavailableError, TransactionConflictError
+from store.dialect import (
+    DRIVER_ERRORS,
+    DialectName,
+    Waits,
+    dialect_of,
+    postgres_options,
+    store_error,
+    typed_errors,
+)
 
 T = TypeVar("T")
 
@@ -122,11 +137,54 @@ def _sqlite_engine(url: str, *, immediate: bool, pool_size: int) -> AsyncEngine:
     return engine
 
 
-def _postgres_engine(url: str, options: str) -> AsyncEngine:
+@dataclass(frozen=True)
+class Pools:
+    """PostgreSQL connections of one process, each pool bounded (settings ``db_pool_size``,
+    ``db_pool_overflow``).
+
+    An activity holds a connection only for one transaction (about a millisecond), never while
+    a model streams or a tool runs, so a pool far smaller than ``max_concurrent_activities``
+    serves them all: the defaults (10 + 10) serve 1,000 slots, and a worker process opens at
+    most size + overflow + 2 (renewals) + 4 (the hot path, ``store.fast``) + 2 (LISTEN and
+    NOTIFY) = 28 connections, well under PostgreSQL's default 100. A checkout waits at most a
+    third of the lease, so a starved write fails (and is retried) before its lease runs out.
+    """
+
+    size: int = 10
+    overflow: int = 10
+    renewals: int = 2
+
+
+def _postgres_engine(
+    url: str, options: str, *, size: int, overflow: int, wait_s: float
+) -> AsyncEngine:
     connect_args: dict[str, Any] = {"application_name": "sessionflow", "options": options}
-    return create_async_engine(
-        url, pool_size=10, max_overflow=20, pool_pre_ping=True, connect_args=connect_args
+    engine = create_async_engine(
+        url,
+        pool_size=size,
+        max_overflow=overflow,
+        pool_timeout=wait_s,
+        connect_args=connect_args,
     )
+    event.listen(engine.sync_engine, "checkout", _refuse_closed)
+    return engine
+
+
+def _refuse_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    # An idle connection with something to read was told something while idle: nearly always
+    # that the server is closing it. The pool then opens a fresh one (no SELECT 1 round trip).
+    conn = dbapi_connection.driver_connection
+    if conn.closed or conn.broken or not _quiet(conn.pgconn.socket):
+        raise sa.exc.DisconnectionError("the server closed this connection while it was idle")
+
+
+def _quiet(sock: int) -> bool:
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
 
 
 class InlineConnection:
@@ -210,7 +268,12 @@ class Database:
     """The engines of one store and the way every transaction is framed."""
 
     def __init__(
-        self, url: str, *, schema: str | None = None, lease_ms: int = DEFAULT_LEASE_MS
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        pools: Pools | None = None,
     ) -> None:
         self.url = url
         self.dialect: DialectName = dialect_of(url)
@@ -224,9 +287,18 @@ class Database:
             self.read_engine = _sqlite_engine(url, immediate=False, pool_size=4)
             self._writer = _Kept(_inline_sqlite_engine(url, immediate=True), 1)
             self._readers = _Kept(_inline_sqlite_engine(url, immediate=False), 2)
+            self.renew_engine = self.write_engine  # one writer either way
         else:
-            self.write_engine = _postgres_engine(url, postgres_options(url, schema, self.waits))
+            pools = pools or Pools()
+            options = postgres_options(url, schema, self.waits)
+            wait_s = lease_ms / 3000
+            self.write_engine = _postgres_engine(
+                url, options, size=pools.size, overflow=pools.overflow, wait_s=wait_s
+            )
             self.read_engine = self.write_engine
+            self.renew_engine = _postgres_engine(
+                url, options, size=pools.renewals, overflow=0, wait_s=wait_s
+            )
         self._write_lock: asyncio.Lock | None = None
 
     @staticmethod
@@ -244,8 +316,13 @@ class Database:
         return make_conninfo(url.render_as_string(hide_password=False), options=options)
 
     @asynccontextmanager
-    async def write(self, *, stamp: Stamp | None = None) -> AsyncIterator[Tx]:
-        """A write transaction; after-commit callbacks run only if it commits, right then."""
+    async def write(
+        self, *, stamp: Stamp | None = None, renewal: bool = False
+    ) -> AsyncIterator[Tx]:
+        """A write transaction; after-commit callbacks run only if it commits, right then.
+
+        ``renewal``: a claim renewal, which on PostgreSQL takes its own pool's connection.
+        """
         with typed_errors():
             async with self.serialized():
                 inline = self._inline_begin() if self._writer is not None else None
@@ -263,7 +340,8 @@ class Database:
                         self._writer.give(sync, clean=clean)
                     _announce(tx)
                 else:
-                    async with self.write_engine.connect() as conn:
+                    engine = self.renew_engine if renewal else self.write_engine
+                    async with engine.connect() as conn:
                         tx = Tx(conn, self.dialect, stamp)
                         async with conn.begin() as pooled:
                             yield tx
@@ -271,7 +349,11 @@ class Database:
                             await settled(_commit_and_announce(pooled, tx))
 
     async def transact(
-        self, work: Callable[[Tx], Awaitable[T]], *, stamp: Stamp | None = None
+        self,
+        work: Callable[[Tx], Awaitable[T]],
+        *,
+        stamp: Stamp | None = None,
+        renewal: bool = False,
     ) -> T:
         """``work`` in a write transaction, run again from the start (a few times, after a
         jittered pause) when the database aborts it as a serialization failure or a deadlock.
@@ -280,7 +362,7 @@ class Database:
         """
 
         async def once() -> T:
-            async with self.write(stamp=stamp) as tx:
+            async with self.write(stamp=stamp, renewal=renewal) as tx:
                 return await work(tx)
 
         return await retry_conflicts(once)
@@ -305,8 +387,11 @@ class Database:
             raise
 
     @asynccontextmanager
-    async def read(self) -> AsyncIterator[Connection]:
+    async def read(self, *, single: bool = False) -> AsyncIterator[Connection]:
         """A read transaction: one consistent snapshot for everything read inside it.
+
+        ``single``: the caller runs one statement, its own snapshot: on PostgreSQL it runs
+        without a transaction (no BEGIN, no COMMIT round trips).
 
         On SQLite it runs inline on the event loop, like writes (see ``_inline_begin``): a WAL
         reader never waits for the writer, and the thread hops of aiosqlite would cost far
@@ -325,6 +410,11 @@ class Database:
                     clean = True
                 finally:
                     self._readers.give(sync, clean=clean)
+                return
+            if single and self.dialect == "postgresql":
+                async with self.read_engine.connect() as conn:
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    yield conn
                 return
             async with self.read_engine.connect() as conn, conn.begin():
                 yield conn
@@ -362,8 +452,22 @@ class Database:
 
         On PostgreSQL all of it, creating the schema too, runs in one transaction under an
         advisory lock taken first: ``CREATE SCHEMA IF NOT EXISTS`` is no guard against a
-        concurrent creator (the loser hits a unique violation in ``pg_namespace``).
+        concurrent creator (the loser hits a unique violation in ``pg_namespace``). A store
+        already at head is only read, so a database that refuses writes still opens (its writes
+        then fail typed); a migration the database refuses is a ``StoreUnavailableError``.
         """
+        try:
+            async with self.write_engine.connect() as conn:
+                if await conn.run_sync(_at_head):
+                    return
+            await self._upgrade_locked()
+        except DRIVER_ERRORS as error:
+            typed = store_error(error)
+            if not isinstance(typed, StoreUnavailableError):
+                raise
+            raise StoreOpenError(typed.reason) from error
+
+    async def _upgrade_locked(self) -> None:
         async with self.serialized(), self.write_engine.connect() as conn, conn.begin():
             if self.dialect == "postgresql":
                 timeout = f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}"
@@ -380,6 +484,8 @@ class Database:
             if kept is not None:
                 kept.dispose()
         await self.write_engine.dispose()
+        if self.renew_engine is not self.write_engine:
+            await self.renew_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()
 
@@ -430,6 +536,21 @@ async def retry_conflicts(
                 raise TransactionConflictError(error.sqlstate, attempt) from error
             await asyncio.sleep(0.01 * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
     raise AssertionError("unreachable")
+
+
+def _at_head(connection: sa.Connection) -> bool:
+    """Whether the store's schema exists and its migrations are at head (reads only)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    heads = set(ScriptDirectory.from_config(config).get_heads())
+    try:
+        current = set(MigrationContext.configure(connection).get_current_heads())
+    except DRIVER_ERRORS:
+        return False  # no schema yet (PostgreSQL aborts the read: the connection is reset)
+    finally:
+        if connection.in_transaction():
+            connection.rollback()
+    return current == heads
 
 
 def _upgrade(connection: sa.Connection) -> None:

@@ -2,9 +2,10 @@
 
 Every append is one transaction: the aggregate's sequence row is bumped (which locks it on
 PostgreSQL, and SQLite write transactions are exclusive), projectors and the optional commit hook
-run, the event rows are inserted, and on PostgreSQL a NOTIFY is queued; all of it commits or none
-of it does. Because the sequence row stays locked until commit, an aggregate's events commit in
-seq order, so a follower's cursor can never skip an event that commits late.
+run, and the event rows are inserted; all of it commits or none of it does (the doorbells, a
+NOTIFY on PostgreSQL, ring after the commit: ``store.notify``). Because the sequence row stays
+locked until commit, an aggregate's events commit in seq order, so a follower's cursor can
+never skip an event that commits late.
 
 Publishing is idempotent by event id: republishing an identical event returns the stored one
 without projecting again (activity retries rely on this); a different event under a used id is
@@ -33,7 +34,7 @@ from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
 from store import codec
 from store.db import Connection, Database, Stamp, Tx
-from store.dialect import NOTIFY_CHANNEL, DialectName, for_update, insert, is_unique_violation
+from store.dialect import DialectName, for_update, insert, is_unique_violation
 from store.notify import Notifier
 from store.prepared import INTEGRITY_ERRORS, Prepared
 from store.registry import EventRegistry
@@ -309,20 +310,18 @@ class EventStore:
             if typed is None:
                 raise
             raise typed from error
-        if tx.dialect == "postgresql":
-            latest: dict[str, int] = {}
-            for row in rows:
-                latest[row["aggregate_id"]] = row["seq"]
-            for agg, seq in latest.items():
-                await tx.conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, f"{agg} {seq}")))
 
     def _after_commit(self, tx: Tx, stored: list[StoredEvent], *, publish: bool) -> None:
         tx.after_commit.append(lambda: self._announce(stored, publish=publish))
 
     def _announce(self, stored: list[StoredEvent], *, publish: bool) -> None:
-        """After a commit: ring the aggregates' doorbells, then tell the listeners."""
-        for agg in {event.aggregate_id for event in stored}:
-            self.notifier.ring(agg)
+        """After a commit: ring the aggregates' doorbells (and other processes'), then tell
+        the listeners."""
+        latest: dict[str, int] = {}
+        for event in stored:
+            latest[event.aggregate_id] = max(event.seq, latest.get(event.aggregate_id, -1))
+        for agg, seq in latest.items():
+            self.notifier.committed(agg, seq)
         if publish:
             for event in stored:
                 for listener in list(self._listeners):
@@ -501,7 +500,7 @@ class EventStore:
     # --- reads ----------------------------------------------------------------------------------
 
     async def latest_sequence(self, aggregate_id: str) -> int:
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             return await _latest(conn, aggregate_id)
 
     async def sequences(self, aggregate_ids: Iterable[str]) -> dict[str, int]:
@@ -511,7 +510,7 @@ class EventStore:
         query = sa.select(sequence_table.c.aggregate_id, sequence_table.c.seq).where(
             sequence_table.c.aggregate_id.in_(ids), sequence_table.c.seq >= 0
         )
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             return {row.aggregate_id: int(row.seq) for row in (await conn.execute(query)).all()}
 
     async def read_after(
@@ -534,7 +533,7 @@ class EventStore:
         )
         if through is not None:
             query = query.where(event_table.c.seq <= through)
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             rows = (await conn.execute(query)).all()
         events = [self._decode(row) for row in rows if self.registry.knows(row.type)]
         return Page(events, int(rows[-1].seq) if rows else after)

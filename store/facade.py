@@ -11,8 +11,7 @@ from sessionflow.models.events import Event
 from sessionflow.settings import Settings
 from store import projector
 from store.claims import Claim, Claims
-from store.db import Database, Stamp, Tx
-from store.dialect import NOTIFY_CHANNEL
+from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
 from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs
@@ -79,7 +78,7 @@ class Store:
                 appended = await self.writer.append(fence, rows, announce)
         else:
             assert self.writer is not None
-            appended = await self.writer.append(fence, rows, NOTIFY_CHANNEL, announce)
+            appended = await self.writer.append(fence, rows, announce)
         if not appended:
             raise await self.claims.why_lost(claim, step_attempt)
         return stored
@@ -100,7 +99,10 @@ async def open_store(
 ) -> Store:
     """Open (and migrate to head) the store at ``url``, or at ``settings.database_url``."""
     settings = settings or Settings()
-    db = Database(url or settings.database_url, schema=schema, lease_ms=settings.lease_ms)
+    pools = Pools(size=settings.db_pool_size, overflow=settings.db_pool_overflow)
+    db = Database(
+        url or settings.database_url, schema=schema, lease_ms=settings.lease_ms, pools=pools
+    )
     try:
         if migrate:
             await db.migrate()

@@ -4,9 +4,9 @@ A turn streams most of its events as deltas, in short batches. Each batch is one
 transaction, so its cost is mostly framing: on SQLite every statement through aiosqlite is a
 thread hop, on PostgreSQL every statement a round trip. This path does the same work as
 ``claims.fenced`` + ``events.publish_many`` -- renew the claim (database clock, same fence,
-step attempt), reserve the seqs under the sequence row lock, insert the rows, queue the NOTIFY --
-in one thread hop on SQLite (a dedicated connection on the process's writer lock) and in one
-round trip on PostgreSQL (one statement, pipelined with BEGIN and COMMIT).
+step attempt), reserve the seqs under the sequence row lock, insert the rows -- in one thread
+hop on SQLite (a dedicated connection on the process's writer lock) and in one round trip on
+PostgreSQL (one autocommitted statement). The doorbells ring after the commit (``on_commit``).
 
 As in ``Database.write``, a commit and its announcement (``on_commit``) are one unit that a
 cancellation cannot cut in two, and the database's refusals surface as typed errors.
@@ -78,8 +78,7 @@ WITH renewed AS (
          WITH ORDINALITY AS e(id, created, type, data, ord)
   RETURNING seq
 )
-SELECT (SELECT seq FROM allocated) AS last,
-       pg_notify(%(channel)s, %(agg)s || ' ' || (SELECT max(seq) FROM inserted))
+SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS written
 """
 
 
@@ -303,7 +302,6 @@ class PostgresWriter:
         self,
         fence: dict[str, Any],
         rows: list[dict[str, Any]],
-        channel: str,
         on_commit: OnCommit,
     ) -> bool:
         """The fenced append, seqs assigned to ``rows``; False if the fence refused it.
@@ -319,7 +317,6 @@ class PostgresWriter:
             "createds": [row["created"] for row in rows],
             "types": [row["type"] for row in rows],
             "datas": [row["data"] for row in rows],
-            "channel": channel,
         }
         last = await retry_conflicts(lambda: self._attempt(params, rows, on_commit))
         return last is not None

@@ -153,7 +153,7 @@ class Inputs:
             return pending
 
     async def get(self, input_id: str) -> InputReceipt | None:
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             row = await _INPUT.first(conn, self.db.dialect, {"id": input_id})
         return None if row is None else _receipt(dict(zip(_INPUT_COLUMNS, row, strict=True)))
 
@@ -164,7 +164,7 @@ class Inputs:
             .where(_i.session_id == session_id, _i.promoted_seq.is_(None))
             .order_by(_i.admitted_seq)
         )
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             return [_receipt(row._mapping) for row in (await conn.execute(query)).all()]
 
     async def pending_deliveries(

@@ -460,6 +460,11 @@ async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
         message.boundary_seq = event.through_seq if event.through_seq is not None else stored.seq
         # The baseline is rebuilt at the compaction point: the next turn freezes a new one.
         settings = await _settings(tx, event.session_id)
+        frozen = settings.get("baseline")
+        if isinstance(frozen, dict) and isinstance(frozen.get("snapshot"), dict):
+            # The sources as last applied: the rebuild falls back on them while the sources
+            # cannot be seen (runner #31).
+            settings["applied"] = frozen["snapshot"]
         settings["baseline"] = None  # None, not absent: rebuild, do not freeze anew
         await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
     else:

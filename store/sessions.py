@@ -85,7 +85,7 @@ class Sessions:
         if tx is not None:
             row = await _SESSION.first(tx.conn, self.db.dialect, params)
         else:
-            async with self.db.read() as conn:
+            async with self.db.read(single=True) as conn:
                 row = await _SESSION.first(conn, self.db.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
@@ -116,7 +116,7 @@ class Sessions:
             query = query.where(_s.parent_id.is_(None))
         if updated_since is not None:
             query = query.where(_s.time_updated >= updated_since)
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             rows = (await conn.execute(query.limit(limit))).all()
         return [_info(row) for row in rows]
 
@@ -126,20 +126,29 @@ class Sessions:
         Validates that one part, not the whole message: a tool activity needs only its call.
         """
         params = {"mid": message_id, "sid": session_id}
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
-        data = None if row is None else codec.loads(row[0])
-        if not isinstance(data, dict) or data.get("type") != "assistant":
-            return None
-        for part in reversed(data.get("content", ())):
-            if part.get("type") == "tool" and part.get("call_id") == call_id:
-                return ToolPart.model_validate(part)
-        return None
+        return _tool_part(None if row is None else row[0], call_id)
+
+    async def tool_call(
+        self, session_id: str, message_id: str, call_id: str
+    ) -> tuple[SessionInfo, ToolPart | None]:
+        """The session and ``tool_part`` of one call, in one statement (what a tool activity
+        reads before it runs)."""
+        validate_id(session_id)
+        params = {"sid": session_id, "mid": message_id}
+        async with self.db.read(single=True) as conn:
+            row = await _SESSION_AND_MESSAGE.first(conn, self.db.dialect, params)
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        *columns, data = row
+        info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
+        return info, _tool_part(data, call_id)
 
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)
-        async with self.db.read() as conn:
+        async with self.db.read(single=True) as conn:
             rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
         return [codec.load_model(MESSAGE_ADAPTER, data) for (data,) in rows]
 
@@ -153,6 +162,28 @@ _MESSAGES = Prepared(
         .order_by(message_table.c.seq)
     )
 )
+
+_SESSION_AND_MESSAGE = Prepared(
+    lambda _dialect: sa.select(
+        session_table,
+        sa.select(message_table.c.data)
+        .where(
+            message_table.c.id == sa.bindparam("mid"),
+            message_table.c.session_id == sa.bindparam("sid"),
+        )
+        .scalar_subquery(),
+    ).where(_s.id == sa.bindparam("sid"))
+)
+
+
+def _tool_part(encoded: str | None, call_id: str) -> ToolPart | None:
+    data = None if encoded is None else codec.loads(encoded)
+    if not isinstance(data, dict) or data.get("type") != "assistant":
+        return None
+    for part in reversed(data.get("content", ())):
+        if part.get("type") == "tool" and part.get("call_id") == call_id:
+            return ToolPart.model_validate(part)
+    return None
 
 
 def _info(row: Any) -> SessionInfo:

@@ -321,10 +321,12 @@ class SessionWorkflow:
         )
 
     def _interrupt(self, request: InterruptRequest) -> bool:
-        if not self.busy or self.stopping:
+        if self.stopping:
             return False
-        self.pending_wake = False  # wakes rung before the interrupt belong to its intent
-        if self.settling:
+        # Wakes rung before the interrupt belong to its intent, also those no busy period has
+        # begun for yet (an interrupt sent while no worker polled arrives right behind them).
+        self.pending_wake = False
+        if not self.busy or self.settling:
             return False
         self.stopping = True
         self.interrupt_reason = request.reason

@@ -8,7 +8,7 @@ drain can retry exactly the retryable ones.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
@@ -266,3 +266,19 @@ class Provider(Protocol):
     def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
         """Stream one model turn; raise ``ProviderError`` for raw failures."""
         ...
+
+
+@runtime_checkable
+class Opening(Protocol):
+    """An adapter with something to load before its stream can open (the scripted provider's
+    script). ``open`` runs before the request is counted, so a failure to load consumes no
+    turn and promotes nothing; the stream then uses what ``open`` loaded."""
+
+    def open(self) -> None: ...
+
+
+def open_provider(provider: Provider) -> Provider:
+    """``provider``, opened if it has anything to open; raises what failed to load."""
+    if isinstance(provider, Opening):
+        provider.open()
+    return provider

@@ -1,6 +1,7 @@
 """The scripted provider: a JSON script of turns, the embedded default and the test double.
 
-Turn *n* answers the session's *n*-th provider request (retries count). Each request is also
+Turn *n* answers the session's *n*-th provider request (retries count; a request whose script
+did not load is not counted: it never opened). Each request is also
 appended, as one JSON line, to ``<script>.requests.jsonl`` beside the script when that file can be
 written, so a test (or a user debugging an agent) can see exactly what the model was sent.
 The file format is documented in the README ("Scripted models").
@@ -232,12 +233,18 @@ class ScriptedProvider:
     def __init__(self, path: str | Path, *, record: bool = True) -> None:
         self.path = Path(path)
         self.record = record
+        self.script: Script | None = None
+
+    def open(self) -> None:
+        """Load the script before the request is counted (``base.Opening``): a script that
+        does not load uses up no turn, so the next request after a fix plays the right one."""
+        self.script = load_script(self.path)
 
     def stream(self, request: p.ProviderRequest) -> AsyncIterator[p.StreamEvent]:
         return self._stream(request)
 
     async def _stream(self, request: p.ProviderRequest) -> AsyncIterator[p.StreamEvent]:
-        script = load_script(self.path)
+        script = self.script or load_script(self.path)
         self._record(request)
         index = request.request_index
         if index >= len(script.turns):

@@ -93,6 +93,12 @@ async def test_new_prompt_watch_show_and_sessions(cli: tuple[Cli, Harness]) -> N
     assert transcript[1]["content"][0]["text"] == "Hello from the model"
     listed = await run.json("sessions")
     assert [s["id"] for s in listed] == [sid]
+    roundabout = f"{h.workspace}/../{h.workspace.name}/"
+    assert [s["id"] for s in await run.json("sessions", "--directory", roundabout)] == [sid]
+    # Bytes that are not UTF-8 reach Python as lone surrogates: refused at the edge, in a line.
+    hostile = await run.run("prompt", sid, "bad \udcff byte")
+    assert hostile.returncode == 1 and "lone surrogate" in hostile.stderr, hostile.stderr
+    assert len(hostile.stderr.strip().splitlines()) <= 2 and "Traceback" not in hostile.stderr
 
 
 async def test_watch_after_resumes_without_repeating(cli: tuple[Cli, Harness]) -> None:
@@ -371,9 +377,12 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     """No worker polls: status, resume and interrupt answer at once and name the task queue
-    and the pending inputs. Then `sessionflow worker` with the global options (not the
-    defaults) picks the session up; a script that fails to load at run time reaches resume
-    as the outcome's error text, and the worker logs it in one line."""
+    and the pending inputs; wait_idle keeps waiting. The interrupt is queued until a worker is
+    back and then comes first: the prompt woken before it does not run (it stays pending, and
+    wait_idle's status says so) until a resume. `sessionflow worker` with the global options
+    (not the defaults) picks the session up; a script that fails to load at run time reaches
+    resume as the outcome's error text, the worker logs it in one line, and it uses up no
+    turn: once the script is back, the next request plays its first turn."""
     target = Target(f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
     store = await target.open()
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
@@ -390,9 +399,11 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
         assert status["busy"] is False and waiting in status["waiting_for_worker"]
         resumed = await run.run("resume", sid)
         assert resumed.returncode == 2 and waiting in resumed.stderr
-        interrupted = await run.json("interrupt", sid)
-        assert interrupted["status"] == "sent"
-        assert f"no worker is polling task queue {queue}" in interrupted["detail"]
+        interrupted = await run.run("interrupt", sid)
+        assert interrupted.returncode == 0, interrupted.stderr
+        assert interrupted.stdout.startswith(f"queued until a worker is back: {waiting}")
+        with pytest.raises(TimeoutError, match=re.escape(f"not idle after 0.1 s: {waiting}")):
+            await h.client.wait_idle(sid, timeout=0.1)
 
         gone = h.script([{"text": "never"}], name="gone.json")
         broken = (await run.json("new", "--workspace", str(h.workspace), "--model", gone))[
@@ -410,11 +421,23 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
             env={**os.environ, "PYTHONPATH": str(ROOT), "SESSIONFLOW_TOOLS": "builtin"},
         )
         try:
-            events = await run.watch(sid, code=None)
-            assert events[-1]["type"].startswith("session.execution.")
+            idle = await h.client.wait_idle(sid, timeout=60)
+            assert (idle.busy, idle.pending_inputs, idle.waiting_for_worker) == (False, 1, None)
+            types = [e["type"] for e in await run.watch(sid)]
+            assert "session.execution.started" not in types, types
+            assert "session.prompt.promoted" not in types and h.requests() == []
+            again = await run.run("resume", sid)
+            assert (again.returncode, again.stdout.strip()) == (0, "succeeded"), again.stderr
+
             outcome = await run.run("resume", broken)
             assert outcome.returncode == 3, outcome.stdout + outcome.stderr
             assert "failed: ScriptError: Scripted model file not found" in outcome.stdout
+            h.script([{"text": "the first turn"}], name="gone.json")
+            fixed = await run.run("resume", broken)
+            assert (fixed.returncode, fixed.stdout.strip()) == (0, "succeeded"), fixed.stdout
+            shown = await run.json("show", broken)
+            assert [m["type"] for m in shown] == ["user", "assistant"]
+            assert shown[1]["content"][0]["text"] == "the first turn"
         finally:
             worker.send_signal(signal.SIGINT)
             await asyncio.to_thread(worker.wait, 30)
@@ -434,13 +457,14 @@ async def test_watch_replays_every_busy_period_and_says_how_the_last_one_ended(
     run, h = cli
     output = "\n".join(f"line {n}" for n in range(1, 13))
     gate = h.gate_file("slow")
+    waiting = {"gate": gate, "text": output, "progress": "waiting for the gate"}
     sid = await h.session(
         [{"text": "first period"}],
-        [{"tool_call": {"id": "c1", "name": "gate", "input": {"gate": gate, "text": output}}}],
+        [{"tool_call": {"id": "c1", "name": "gate", "input": waiting}}],
         [{"text": "second period " * 400, "chunks": 400}],
         [{"error": {"kind": "invalid_request", "message": "the model refused"}}],
     )
-    await h.client.prompt(sid, "one")
+    await h.client.prompt(sid, "one " + "x" * 3000)
     await h.client.wait_idle(sid)
     await h.client.prompt(sid, "two")
     await h.until(lambda: h.gate.active == 1)
@@ -465,8 +489,19 @@ async def test_watch_replays_every_busy_period_and_says_how_the_last_one_ended(
     assert "│ line 5" in text.stdout and "│ line 6" not in text.stdout
     assert "7 more line(s); --full shows all" in text.stdout
     assert "the model refused" in text.stdout
+    assert "… gate waiting for the gate" in text.stdout  # tool.progress
+    cut = "x" * 1996 + "… [1004 more characters; --full shows all]"
+    assert cut in text.stdout.replace("\n", "")  # the terminal may wrap it
     full = await run.run("watch", sid, "--until-idle", "--full")
-    assert "│ line 12" in full.stdout
+    assert "│ line 12" in full.stdout and "x" * 3000 in full.stdout.replace("\n", "")
+
+    shown = await run.run("show", sid)  # prompts cut with a marker, tool results' first lines
+    assert shown.returncode == 0, shown.stderr
+    assert cut in shown.stdout.replace("\n", "")
+    assert "tool gate completed" in shown.stdout and "│ line 5" in shown.stdout
+    assert "│ line 6" not in shown.stdout and "7 more line(s); --full shows all" in shown.stdout
+    whole = await run.run("show", sid, "--full")
+    assert "x" * 3000 in whole.stdout.replace("\n", "") and "│ line 12" in whole.stdout
 
     after = await run.run("watch", sid, "--until-idle", "--after", str(events[-1]["seq"]))
     assert after.returncode == 3 and after.stdout == "", after.stderr
@@ -523,20 +558,22 @@ def test_help_is_plain_fast_and_complete() -> None:
 
     from sessionflow.cli import app
 
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
     probe = (
         "import runpy, sys\n"
-        "sys.argv = ['sessionflow', 'new', '--help']\n"
-        "try:\n    runpy.run_module('sessionflow.cli', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "print([m for m in ('temporalio', 'sqlalchemy', 'store', 'rich') if m in sys.modules])"
+        f"for name in {['', *sorted(group.commands)]!r}:\n"
+        "    sys.argv = ['sessionflow', *([name] if name else []), '--help']\n"
+        "    try:\n        runpy.run_module('sessionflow.cli', run_name='__main__')\n"
+        "    except SystemExit:\n        pass\n"
+        "heavy = ('temporalio', 'sqlalchemy', 'store', 'rich', 'worker', 'activities')\n"
+        "print([m for m in heavy if m in sys.modules])"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert done.stdout.strip().endswith("[]"), done.stdout  # nothing heavy imported
     assert "--json " in done.stdout and "<bool>" not in done.stdout
-    group = typer.main.get_command(app)
-    assert isinstance(group, typer.core.TyperGroup)
     for name, command in group.commands.items():
         for param in command.params:
             assert getattr(param, "help", None), f"{name} {param.name} has no help"
@@ -565,3 +602,63 @@ async def test_approve_deny_answer_and_agent(cli: tuple[Cli, Harness]) -> None:
     assert (await runner.json("agent", sid, "plan"))["agent"] == "plan"
     bad = await runner.run("agent", sid, "nobody")
     assert bad.returncode == 1 and "Unknown agent 'nobody'" in bad.stderr
+
+
+async def test_the_last_step_says_that_the_step_limit_disabled_its_tools(
+    cli: tuple[Cli, Harness],
+) -> None:
+    run, h = cli
+    model = h.script(
+        [
+            {"text": "Let me look."},
+            {"tool_call": {"id": "c1", "name": "read", "input": {"path": "a.py"}}},
+        ],
+        [{"text": "asked again"}],
+    )
+    created = await run.json(
+        "new", "--workspace", str(h.workspace), "--model", model, "--max-steps", "1"
+    )
+    await run.json("prompt", created["session_id"], "Look around")
+    events = await run.watch(created["session_id"])
+    failed = next(e for e in events if e["type"] == "session.tool.failed")
+    assert failed["data"]["error"]["message"] == (
+        "Tool is not available for this request: read (the step limit was reached: "
+        "max_steps=1; tools are disabled until the next prompt)"
+    )
+    text = await run.run("watch", created["session_id"], "--until-idle")
+    assert "✗ read" in text.stdout and "max_steps=1" in text.stdout
+    # Nothing pending: resume asks the model again on the history, and says so first.
+    again = await run.run("resume", created["session_id"])
+    assert again.returncode == 0 and again.stdout.strip() == "succeeded", again.stderr
+    assert "nothing is pending: resume asks the model once more" in again.stderr
+    assert len(h.requests()) == 2
+
+
+async def test_dev_reusing_a_server_started_elsewhere_prints_its_real_ui_port(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A dev server started by hand, from another directory, on a UI port that is neither
+    port + 1000 nor what a stale state file here recorded: `dev` prints the one it serves."""
+    from tests.conftest import temporal_binary
+
+    port, ui_port = free_port(), free_port()
+    state = tmp_path / ".sessionflow"
+    state.mkdir()
+    (state / f"temporal-{port}.ui").write_text(str(free_port()))  # left by an older server
+    elsewhere = tmp_path_factory.mktemp("server")
+    command = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1"]
+    command += ["--port", str(port), "--ui-port", str(ui_port), "--log-level", "error"]
+    server = subprocess.Popen(command, cwd=elsewhere, stdout=subprocess.DEVNULL)
+    try:
+        from sessionflow.devstack import connect
+
+        for _ in range(150):
+            if await connect(f"127.0.0.1:{port}", seconds=1.0) is not None:
+                break
+            await asyncio.sleep(0.2)
+        lines = await _dev_lines(tmp_path, port)
+        assert "already running" in lines[0], lines
+        assert lines[1].strip() == f"Temporal UI: http://127.0.0.1:{ui_port}", lines
+    finally:
+        server.terminate()
+        await asyncio.to_thread(server.wait, 30)

@@ -44,6 +44,7 @@ async def test_deltas_append_gap_free_stamped_and_announced(store: Store) -> Non
 
 
 async def test_a_lost_claim_refuses_the_append_and_writes_nothing(store: Store) -> None:
+    """Catalogue F5: an expired claim never renews itself."""
     sid, claim = await claimed(store)
     async with store.db.write() as tx:
         await tx.conn.exec_driver_sql("UPDATE session_execution SET expires_at = 0")
@@ -99,7 +100,7 @@ async def test_a_follower_sees_hot_path_events_live(store: Store) -> None:
 
 
 async def test_sqlite_append_waits_for_another_processes_write_lock(tmp_path: Path) -> None:
-    """Only SQLite has the writer-thread fallback: its inline connection never waits."""
+    """S11: Only SQLite has the writer-thread fallback: its inline connection never waits."""
     path = tmp_path / "locked.db"
     store = await Target(f"sqlite+aiosqlite:///{path}").open()
     sid, claim = await claimed(store)

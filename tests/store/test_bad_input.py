@@ -39,6 +39,7 @@ BAD_IDS = (
 
 @pytest.mark.parametrize("text", HOSTILE)
 async def test_hostile_text_round_trips_exactly(store: Store, text: str) -> None:
+    """Catalogue D2: hostile text."""
     session = await store.sessions.create("/work", title=text)
     stored = await store.events.publish(ev.Synthetic(session_id=session.id, text=text))
     (raw,) = await rows(store, "SELECT data FROM event WHERE id = :id", id=stored.id)
@@ -53,6 +54,7 @@ async def test_hostile_text_round_trips_exactly(store: Store, text: str) -> None
 
 
 async def test_invalid_utf8_comes_back_as_the_original_bytes(store: Store) -> None:
+    """Catalogue D2: hostile text."""
     session = await store.sessions.create("/work")
     await store.events.publish(ev.Synthetic(session_id=session.id, text=INVALID_UTF8))
     (message,) = await store.sessions.messages(session.id)
@@ -60,12 +62,14 @@ async def test_invalid_utf8_comes_back_as_the_original_bytes(store: Store) -> No
 
 
 async def test_search_columns_replace_what_the_database_cannot_hold(store: Store) -> None:
+    """Catalogue D2: hostile text."""
     session = await store.sessions.create("/work", title="a\x00b\ud800c")
     assert session.title == "a\ufffdb\ufffdc"
 
 
 @pytest.mark.parametrize("bad", BAD_IDS)
 async def test_hostile_session_ids_are_refused_and_nothing_changes(store: Store, bad: str) -> None:
+    """Catalogue D3: hostile session ids."""
     session = await store.sessions.create("/work")
     before = await count(store, "event")
     for attempt in (

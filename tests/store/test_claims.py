@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -97,6 +98,7 @@ async def test_an_admission_during_an_acquisition_does_not_deadlock(store: Store
 
 
 async def test_a_release_inside_a_transaction_goes_only_if_it_commits(store: Store) -> None:
+    """Catalogue F10: the release path."""
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner-a")
     with pytest.raises(RuntimeError):
@@ -118,6 +120,7 @@ async def test_acquire_of_an_unknown_session_fails(store: Store) -> None:
 
 
 async def test_epochs_strictly_increase_across_release_and_takeover(store: Store) -> None:
+    """Catalogue F8: ABA and id reuse."""
     sid = await new_session(store)
     epochs = []
     claim = await store.claims.acquire(sid, "exec_1", "owner")
@@ -132,6 +135,7 @@ async def test_epochs_strictly_increase_across_release_and_takeover(store: Store
 
 
 async def test_an_expired_claim_never_renews_itself(store: Store) -> None:
+    """Catalogue F5: an expired claim never renews itself."""
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner-a")
     await expire(store, sid)
@@ -173,6 +177,7 @@ async def test_takeover_records_exactly_one_recovery_row(store: Store) -> None:
 
 
 async def test_abab_the_first_owner_can_never_write_again(store: Store) -> None:
+    """Catalogue F8: ABA and id reuse."""
     sid = await new_session(store)
     a = await store.claims.acquire(sid, "exec_a", "owner-a")
     await expire(store, sid)
@@ -239,6 +244,7 @@ async def test_writes_from_an_older_step_attempt_are_rejected(store: Store) -> N
 
 
 async def test_release_deletes_and_frees_the_session_at_once(store: Store) -> None:
+    """Catalogue F10: the release path."""
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner-a")
     await store.claims.release(claim)
@@ -364,6 +370,7 @@ async def db_now(store: Store) -> int:
 async def test_a_takeover_that_waited_for_the_row_lock_gets_a_claim_that_is_live(
     postgres_target: Target,
 ) -> None:
+    """Catalogue F3: a delayed write."""
     store = await postgres_target.open()
     try:
         sid = await new_session(store)
@@ -406,7 +413,8 @@ async def test_an_acquire_does_not_wait_for_a_held_row_lock_beyond_its_lock_time
 async def test_a_stalled_owner_inside_a_transaction_cannot_block_a_takeover(
     postgres_target: Target,
 ) -> None:
-    """The stalled owner's idle transaction is ended by the server, well within the lease."""
+    """F3, F6: The stalled owner's idle transaction is ended by the server, well within the
+    lease."""
     store = await postgres_target.open(lease_ms=1_200)
     stalled, resume = asyncio.Event(), asyncio.Event()
     sid = await new_session(store)
@@ -439,3 +447,30 @@ async def test_a_stalled_owner_inside_a_transaction_cannot_block_a_takeover(
         resume.set()
         await asyncio.gather(owner_task, return_exceptions=True)
         await store.close()
+
+
+@pytest.mark.parametrize("skew", [-2.0, -0.5, 0.5, 2.0])
+async def test_a_skewed_worker_clock_changes_no_claim_decision(
+    store: Store, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    """Catalogue F7: clock skew. The worker's wall clock runs ``skew`` leases off (an injected
+    ``time.time``); every claim decision is the database clock's, so none changes: a fresh
+    claim is live to a competitor, renews while live, and once the database says it expired
+    it is taken over and refused to its old holder, with or without the skew."""
+    lease = 60_000
+    true_time = time.time
+    monkeypatch.setattr(time, "time", lambda: true_time() + skew * lease / 1000)
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_skewed", "owner-a", lease_ms=lease)
+    with pytest.raises(ClaimHeldError):
+        await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
+    renewed = await store.claims.renew(claim)
+    assert renewed.expires_at >= claim.expires_at
+    await expire(store, sid)  # the database clock passes the lease
+    successor = await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
+    assert successor.epoch == claim.epoch + 1
+    with pytest.raises(ClaimLostError):
+        await store.claims.renew(renewed)
+    with pytest.raises(ClaimLostError):
+        async with store.claims.fenced(renewed):
+            pass

@@ -18,6 +18,7 @@ ROUNDS = 100
 
 
 async def test_claim_race_has_exactly_one_winner_per_round(store: Store, target: Target) -> None:
+    """Catalogue F1: the claim race."""
     sessions = [(await store.sessions.create("/race")).id for _ in range(ROUNDS)]
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(WORKERS), context.Queue()
@@ -48,6 +49,7 @@ async def test_claim_race_has_exactly_one_winner_per_round(store: Store, target:
 async def test_concurrent_appenders_with_aborted_transactions_stay_gap_free(
     open_test_store: StoreFactory,
 ) -> None:
+    """Catalogue S3: gapless seq under rollbacks."""
     stores = [await open_test_store() for _ in range(4)]
     for store in stores:
         store.events.registry.register(Probe)
@@ -88,6 +90,7 @@ async def _follow_until(store: Store, aggregate: str, last: int, **kwargs: objec
 async def test_a_follower_started_during_heavy_appends_from_another_process_misses_nothing(
     store: Store, target: Target
 ) -> None:
+    """Catalogue S5: the history-then-live handoff."""
     store.events.registry.register(Probe)
     total = 400
     process = spawn(appender, target, "ses_heavy", total, 0)
@@ -106,6 +109,7 @@ async def test_a_follower_started_during_heavy_appends_from_another_process_miss
 async def test_a_postgres_follower_survives_its_listener_connection_being_killed(
     postgres_target: Target,
 ) -> None:
+    """Catalogue C4, S6: PostgreSQL restart mid-drain; the listener connection killed."""
     target = postgres_target
     store = await target.open()
     store.events.registry.register(Probe)

@@ -27,7 +27,7 @@ ROUNDS = 5
 async def test_a_write_cancelled_at_its_commit_commits_announced_or_not_at_all(
     open_test_store: StoreFactory, target: Target
 ) -> None:
-    """On SQLite the write takes the aiosqlite fallback (another process holds the lock)."""
+    """S11: On SQLite the write takes the aiosqlite fallback (another process holds the lock)."""
     store = await open_test_store()
     sid = (await store.sessions.create("/work")).id
     heard: list[int] = []
@@ -83,6 +83,7 @@ async def test_engines_opening_one_fresh_schema_at_once_all_succeed(postgres_url
 async def test_admissions_stay_read_committed_when_the_database_default_is_not(
     own_database: str,
 ) -> None:
+    """Catalogue S12: isolation assumptions."""
     with psycopg.connect(libpq(own_database), autocommit=True) as conn:
         database = conn.info.dbname
         conn.execute(
@@ -109,6 +110,7 @@ async def test_admissions_stay_read_committed_when_the_database_default_is_not(
 
 
 async def test_every_connection_is_pinned_to_read_committed(own_database: str) -> None:
+    """Catalogue S12: isolation assumptions."""
     with psycopg.connect(libpq(own_database), autocommit=True) as conn:
         database = conn.info.dbname
         conn.execute(
@@ -176,6 +178,7 @@ def writes(store: Store, sid: str, claim: Claim) -> list[Callable[[], Awaitable[
 async def test_serialization_failures_and_deadlocks_are_retried(
     postgres_target: Target, sqlstate: str
 ) -> None:
+    """Catalogue C6: persistence chaos."""
     store, sid, claim = await faulty_store(postgres_target)
     try:
         for write in writes(store, sid, claim):
@@ -189,6 +192,7 @@ async def test_serialization_failures_and_deadlocks_are_retried(
 async def test_a_conflict_that_persists_is_a_typed_error_and_writes_nothing(
     postgres_target: Target,
 ) -> None:
+    """Catalogue C6: persistence chaos."""
     store, sid, claim = await faulty_store(postgres_target)
     try:
         await arm(store, 1_000_000, "40001")

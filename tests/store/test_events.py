@@ -11,15 +11,12 @@ from sessionflow.errors import InvalidDurableEventError, InvalidIdError, Payload
 from store import Store
 from store.db import Tx
 from store.events import SerializedEvent, StoredEvent, Synced
-from tests.conftest import Target
 from tests.store.helpers import (
     Keyed,
     Probe,
     ProbeV2,
-    backend_pid,
     count,
     rows,
-    until_waiting_for,
 )
 
 AGG = "ses_events"
@@ -137,6 +134,7 @@ async def test_unsubscribed_listener_stops_hearing(store: Store) -> None:
 
 
 async def test_republishing_an_identical_event_is_a_no_op(store: Store) -> None:
+    """Catalogue C2: an ambiguous commit."""
     projected: list[int] = []
 
     async def projector(tx: Tx, event: StoredEvent) -> None:
@@ -160,6 +158,7 @@ async def test_a_reused_event_id_with_other_content_is_refused(store: Store) -> 
 
 
 async def test_batch_is_atomic_when_one_event_is_invalid(store: Store) -> None:
+    """Catalogue S2: batch atomicity."""
     small = await store.events.publish(Probe(session_id=AGG))
     batch = [Keyed(key=AGG, text="x") for _ in range(100)]
     batch[56] = Keyed(key=AGG, text="y" * (5 * 1024 * 1024))
@@ -357,6 +356,7 @@ async def test_read_after_skips_unknown_types_but_advances(store: Store) -> None
 
 
 async def test_follow_emits_synced_at_the_handoff_then_live_events(store: Store) -> None:
+    """Catalogue S5: the history-then-live handoff."""
     await store.events.publish(Probe(session_id=AGG, value=0))
     received: list[StoredEvent | Synced] = []
 
@@ -377,6 +377,7 @@ async def test_follow_emits_synced_at_the_handoff_then_live_events(store: Store)
 
 
 async def test_follow_catches_events_committed_during_history_replay(store: Store) -> None:
+    """Catalogue S5: the history-then-live handoff."""
     store.events.page_size = 1
     for value in range(3):
         await store.events.publish(Probe(session_id=AGG, value=value))
@@ -427,25 +428,3 @@ async def test_reserve_sequence_moves_the_next_seq_up(store: Store) -> None:
     assert stored.seq == 10
     await store.events.reserve_sequence(AGG, 3)
     assert await store.events.latest_sequence(AGG) == 10
-
-
-async def test_batches_over_the_same_aggregates_lock_their_sequences_in_one_order(
-    store: Store, target: Target
-) -> None:
-    """A batch takes its aggregates' sequence rows sorted by id, whatever its event order:
-    two transactions over the same aggregates wait for each other, never deadlock."""
-    if target.backend != "postgresql":
-        pytest.skip("SQLite write transactions are exclusive: there is no row lock to order")
-
-    async def batch() -> list[StoredEvent]:
-        async with store.db.write() as tx:
-            events = [Probe(session_id="ses_b", value=1), Probe(session_id="ses_a", value=1)]
-            return await store.events.publish_many(events, tx=tx)
-
-    async with store.db.write() as first:
-        await store.events.publish(Probe(session_id="ses_a"), tx=first)
-        other = asyncio.create_task(batch())
-        await until_waiting_for(store, await backend_pid(first))  # for ses_a, holding nothing
-        await store.events.publish(Probe(session_id="ses_b"), tx=first)
-    stored = await asyncio.wait_for(other, 30)
-    assert [(e.aggregate_id, e.seq) for e in stored] == [("ses_b", 1), ("ses_a", 1)]

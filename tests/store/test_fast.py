@@ -43,6 +43,7 @@ async def claimed(store: Store, n: int = 1) -> list[tuple[str, Claim]]:
 async def test_appends_waiting_for_a_connection_survive_their_backends_being_killed(
     postgres_url: str, own_database: str
 ) -> None:
+    """Catalogue C4: PostgreSQL restart mid-drain."""
     store = await Target(own_database).open()
     database = make_url(own_database).database
     writer = store.writer
@@ -136,7 +137,7 @@ async def test_a_seq_taken_behind_the_allocator_is_a_typed_conflict(store: Store
 async def test_a_cancelled_sqlite_append_waiting_for_another_process_is_never_unannounced(
     tmp_path: Path,
 ) -> None:
-    """The writer-thread fallback: a cancelled append either does not commit, or commits and
+    """S11: The writer-thread fallback: a cancelled append either does not commit, or commits and
     is announced before the cancellation completes; it never commits later."""
     path = tmp_path / "cancel.db"
     store = await Target(f"sqlite+aiosqlite:///{path}").open()

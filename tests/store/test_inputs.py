@@ -121,6 +121,7 @@ def _raise_connection_lost() -> None:
 async def test_a_fresh_admission_whose_acknowledgement_was_lost_is_admitted_once(
     store: Store,
 ) -> None:
+    """Catalogue C2: an ambiguous commit."""
     sid = await new_session(store)
     faults = Faults(store)
     faults.lost_acks = 1
@@ -134,6 +135,7 @@ async def test_a_fresh_admission_whose_acknowledgement_was_lost_is_admitted_once
 async def test_an_admission_the_database_keeps_failing_names_the_id_to_retry_with(
     store: Store,
 ) -> None:
+    """Catalogue C2: an ambiguous commit."""
     sid = await new_session(store)
     faults = Faults(store)
     faults.aborts = ADMIT_ATTEMPTS
@@ -145,6 +147,7 @@ async def test_an_admission_the_database_keeps_failing_names_the_id_to_retry_wit
 
 
 async def test_admission_is_idempotent_by_input_id(store: Store) -> None:
+    """Catalogue S9: a duplicate prompt or start."""
     sid = await new_session(store)
     prompt = Prompt(
         text="look",
@@ -260,6 +263,7 @@ async def test_invalid_ids_are_refused_before_anything_is_written(
 
 
 async def test_concurrent_duplicate_admissions_write_once(store: Store) -> None:
+    """Catalogue S9: a duplicate prompt or start."""
     sid = await new_session(store)
     receipts = await asyncio.gather(
         *(store.inputs.admit(sid, "race", input_id="msg_race") for _ in range(5))

@@ -6,7 +6,11 @@ from typing import Any
 
 import pytest
 
-from sessionflow.errors import InvalidDurableEventError, LifecycleConflictError
+from sessionflow.errors import (
+    InvalidDurableEventError,
+    LifecycleConflictError,
+    SessionNotFoundError,
+)
 from sessionflow.ids import message_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, SessionError, TextContent, Tokens
@@ -640,6 +644,7 @@ async def test_settled_tools_are_never_overwritten(store: Store) -> None:
 
 
 async def test_a_reused_call_id_settles_against_its_own_message(store: Store) -> None:
+    """Catalogue P3: a call id reused across turns."""
     sid = await new_session(store)
     first = await start_step(store, sid)
     await publish(
@@ -741,6 +746,22 @@ async def test_tool_part_reads_the_latest_part_of_a_call_alone(store: Store) -> 
     receipt = await store.inputs.admit(sid, "hi")
     await publish(store, ev.PromptPromoted(session_id=sid, input_id=receipt.id))
     assert await store.sessions.tool_part(sid, receipt.id, "c") is None
+
+
+async def test_tool_call_reads_the_session_and_the_part_in_one(store: Store) -> None:
+    sid = await new_session(store)
+    mid = await start_step(store, sid)
+    called = ev.ToolCalled(
+        session_id=sid, assistant_message_id=mid, call_id="c", name="t", input={"n": 1}
+    )
+    await publish(store, called)
+    session, part = await store.sessions.tool_call(sid, mid, "c")
+    assert session == await store.sessions.get(sid)
+    assert part == await store.sessions.tool_part(sid, mid, "c")
+    assert part is not None and part.state == ToolRunning(input={"n": 1})
+    assert (await store.sessions.tool_call(sid, "msg_missing", "c"))[1] is None
+    with pytest.raises(SessionNotFoundError):
+        await store.sessions.tool_call("ses_missing", mid, "c")
 
 
 # --- synthetic ----------------------------------------------------------------------------------

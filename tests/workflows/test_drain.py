@@ -89,6 +89,7 @@ async def test_continues_after_durably_settling_one_local_tool(h: Harness) -> No
 async def test_tools_start_eagerly_while_the_model_streams_up_to_the_cap(
     h: Harness, cap: int
 ) -> None:
+    """Catalogue S10: the parallel tool cap."""
     tools, provider = h.gate_file("tools"), h.gate_file("provider")
     sid = await h.session(
         [
@@ -178,6 +179,7 @@ def _tools_settled(h: Harness, sid: str, count: int) -> Any:
 
 
 async def test_repeated_call_ids_settle_against_their_own_message(h: Harness) -> None:
+    """Catalogue P3: a call id reused across turns."""
     sid = await h.session(
         [call("tool_0", text="first")], [call("tool_0", text="second")], [{"text": "ok"}]
     )
@@ -191,6 +193,7 @@ async def test_repeated_call_ids_settle_against_their_own_message(h: Harness) ->
 
 
 async def test_unknown_tools_fail_for_the_model_and_the_turn_continues(h: Harness) -> None:
+    """Catalogue P6: unknown events and tools."""
     sid = await h.session([call("call_1", "missing")], [{"text": "Recovered"}])
     await run(h, sid)
     first = next(m for m in await h.messages(sid) if m.type == "assistant")
@@ -267,6 +270,7 @@ async def test_a_stream_protocol_violation_fails_the_drain_with_its_text(h: Harn
 
 
 async def test_transport_failures_before_output_retry_with_the_same_message(h: Harness) -> None:
+    """Catalogue P8: provider errors mid-stream."""
     sid = await h.session(
         [{"error": {"kind": "transport", "message": "Disconnected"}}], [{"text": "Recovered"}]
     )
@@ -455,6 +459,7 @@ async def test_interrupt_while_idle_does_nothing(h: Harness) -> None:
 
 
 async def test_concurrent_resumes_join_one_provider_run(h: Harness) -> None:
+    """Catalogue S9: a duplicate prompt or start."""
     sid = await h.session([{"wait_ms": 300}, {"text": "once"}])
     await h.client.prompt(sid, "Go", wake=False)
     first, second = await asyncio.gather(h.client.resume(sid), h.client.resume(sid))
@@ -547,6 +552,7 @@ async def test_the_step_records_the_files_its_tools_changed(h: Harness) -> None:
 async def test_a_large_tool_output_is_cut_for_the_model_and_kept_whole_in_the_store(
     h: Harness,
 ) -> None:
+    """Catalogue D1: oversized tool output."""
     command = "python3 -c \"print('y' * 200000)\""
     sid = await h.session(
         [call("b1", "bash", command=command)], [{"text": "seen"}], permissions=ALLOW_BASH

@@ -51,6 +51,7 @@ def replayer(*workflows: type) -> Replayer:
 
 
 async def test_a_fresh_history_replays_and_its_payloads_stay_small(h: Harness) -> None:
+    """Catalogue C10: replay and nondeterminism."""
     history = await run_representative(h)
     await replayer(SessionWorkflow).replay_workflow(history)
     sizes = list(_payload_sizes(MessageToDict(history.events[0])))
@@ -78,12 +79,14 @@ def stored_histories() -> list[Path]:
 
 @pytest.mark.parametrize("path", stored_histories(), ids=lambda p: p.stem)
 async def test_recorded_histories_replay_with_the_current_workflow(path: Path) -> None:
+    """Catalogue C10: replay and nondeterminism."""
     history = WorkflowHistory.from_json("session-recorded", json.loads(path.read_text()))
     await replayer(SessionWorkflow).replay_workflow(history)
 
 
 @pytest.mark.parametrize("path", stored_histories(), ids=lambda p: p.stem)
 async def test_a_reordered_workflow_fails_replay(path: Path) -> None:
+    """Catalogue C10: replay and nondeterminism."""
     history = WorkflowHistory.from_json("session-recorded", json.loads(path.read_text()))
     result = await replayer(ReorderedSessionWorkflow).replay_workflow(
         history, raise_on_replay_failure=False
@@ -93,6 +96,7 @@ async def test_a_reordered_workflow_fails_replay(path: Path) -> None:
 
 
 def test_histories_are_recorded() -> None:
+    """Catalogue C10: replay and nondeterminism."""
     assert stored_histories(), "record with SESSIONFLOW_RECORD_HISTORIES=1"
 
 
@@ -109,6 +113,7 @@ async def small_history_env() -> AsyncIterator[WorkflowEnvironment]:
 async def test_continue_as_new_keeps_queued_inputs_and_wakes(
     small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> None:
+    """Catalogue D5: a very long session."""
     async with harness(small_history_env.client, store, tmp_path) as h:
         sid = await h.session(*[[{"text": f"answer {i}"}] for i in range(5)])
         handle = h.client._handle(sid)
@@ -133,6 +138,7 @@ async def test_continue_as_new_keeps_queued_inputs_and_wakes(
 async def test_continue_as_new_mid_busy_period_carries_the_claim_and_step(
     small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> None:
+    """Catalogue D5: a very long session."""
     async with harness(small_history_env.client, store, tmp_path) as h:
         turns = [[call(f"c{i}", text=str(i))] for i in range(6)] + [[{"text": "all done"}]]
         sid = await h.session(*turns)

@@ -100,6 +100,7 @@ async def test_a_drain_the_sweep_starts_carries_the_session_id_search_attribute(
 async def test_the_resume_budget_ends_a_crash_looping_turn(
     short_lease: Harness, temporal_env: WorkflowEnvironment
 ) -> None:
+    """Catalogue C9: a poison session."""
     h = short_lease
     sid = await h.session([call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "x"}])
     await abandon_mid_tool(h, sid)
@@ -126,6 +127,7 @@ async def _terminal(h: Harness, sid: str) -> bool:
 # --- worker processes ---------------------------------------------------------------------------
 
 
+@pytest.mark.fault
 async def test_sigkill_during_a_tool_settles_the_call_exactly_once(
     temporal_env: WorkflowEnvironment,
     store: Store,
@@ -133,6 +135,7 @@ async def test_sigkill_during_a_tool_settles_the_call_exactly_once(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C1: SIGKILL mid-tool."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         first = WorkerProcess(temporal_env, target, h.client.task_queue)
         workers.append(first)
@@ -162,6 +165,7 @@ def _tool_running(h: Harness, sid: str):  # type: ignore[no-untyped-def]
     return check
 
 
+@pytest.mark.fault
 async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes(
     temporal_env: WorkflowEnvironment,
     store: Store,
@@ -169,6 +173,7 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue F2: a paused owner. F9: its run ends without writing after the takeover."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         paused = WorkerProcess(
             temporal_env, target, h.client.task_queue, SESSIONFLOW_LEASE_MS="1500"
@@ -244,6 +249,7 @@ async def test_a_killed_workers_tool_processes_are_reaped(
     workers: list[WorkerProcess],
     sandbox: str,
 ) -> None:
+    """Catalogue C1: SIGKILL mid-tool."""
     from activities.tools.process import reap_orphans
 
     marker = f"{uuid.uuid4().int % 900 + 100}.{uuid.uuid4().int % 1000}"

@@ -571,6 +571,7 @@ async def test_77_raw_provider_failures_are_terminal_assistant_step_failures(h: 
 
 
 async def test_79_a_larger_provider_retry_after_delay_wins_over_the_backoff(h: Harness) -> None:
+    """Catalogue P8: provider errors mid-stream."""
     sid = await h.session(
         [{"error": {"kind": "rate_limit", "message": "Slow down", "retry_after_ms": 2500}}],
         [{"text": "Recovered"}],
@@ -871,6 +872,7 @@ async def test_92_deltas_are_broadcast_but_projections_hold_only_the_full_value(
 async def test_95_partial_fragments_are_closed_durably_when_the_stream_fails(
     h: Harness, kind: str
 ) -> None:
+    """Catalogue P8: provider errors mid-stream."""
     sid = await h.session([*partial(kind), PROVIDER_UNAVAILABLE], [{"text": "never"}])
     outcome = await resume(h, sid, "Go")
     assert outcome.type == "failed" and outcome.error == TRANSPORT
@@ -918,6 +920,7 @@ async def test_98_partial_fragments_are_closed_durably_when_the_stream_is_interr
 
 
 async def test_101_duplicate_streamed_text_starts_are_rejected(h: Harness) -> None:
+    """Catalogue P7: out-of-order blocks."""
     sid = await h.session(
         [raw("text-start", id="text-1"), raw("text-start", id="text-1")], [{"text": "never"}]
     )
@@ -958,6 +961,7 @@ async def test_102_streamed_raw_tool_input_becomes_the_parsed_called_input(h: Ha
 
 
 async def test_103_malformed_streamed_tool_input_ordering_is_rejected(h: Harness) -> None:
+    """Catalogue P1: a result for an id never opened."""
     sid = await h.session([raw("tool-input-delta", id="call-1", delta="{}")], [{"text": "never"}])
     outcome = await resume(h, sid, "Go")
     assert outcome.type == "failed" and outcome.error is not None

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.providers import base as p
@@ -24,6 +25,8 @@ from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import Harness, harness
 from tests.workflows.workers import WorkerProcess
+
+pytestmark = pytest.mark.fault  # worker processes killed and started: the slow fault tests
 
 CHUNKS = [f"{i:03d}," for i in range(300)]
 SLOW_TEXT = {"text": "".join(CHUNKS), "chunks": len(CHUNKS), "delay_ms": 30}
@@ -97,6 +100,7 @@ async def test_sigkill_mid_stream_continues_the_turn_on_another_worker(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C3: SIGKILL mid-stream. C7: the task lost with the worker is found again."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
         await _run_and_stop(
@@ -122,6 +126,7 @@ async def test_sigterm_mid_stream_hands_the_turn_back_within_the_grace_period(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C8: graceful shutdown."""
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         sid = await h.session([SLOW_TEXT], [{"text": "continued"}])
         await _run_and_stop(
@@ -161,6 +166,7 @@ async def test_sigkill_during_tool_input_streaming_settles_the_call_as_stale(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
+    """Catalogue C3: SIGKILL mid-stream."""
     pieces = ['{"te', 'xt": ', '"hel', "lo", '"}']
     streaming: list[dict[str, Any]] = [_input_event("tool-input-start", id="c1", name="echo")]
     for piece in pieces:
@@ -213,6 +219,7 @@ class _DropsItsConnection:
 async def test_a_turn_that_always_dies_ends_at_the_resume_budget(
     temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> None:
+    """Catalogue C9: a poison session."""
     provider = _DropsItsConnection()
     async with harness(temporal_env.client, store, tmp_path, providers=provider) as h:
         sid = await h.session([{"text": "never played"}])

@@ -284,6 +284,7 @@ async def test_maps_stop_reasons(server: ReplayServer) -> None:
 
 
 async def test_an_overloaded_error_event_mid_stream_is_internal(server: ReplayServer) -> None:
+    """Catalogue P8: provider errors mid-stream."""
     error = {"type": "overloaded_error", "message": "Overloaded"}
     server.queue(
         Reply.events(

@@ -138,6 +138,7 @@ async def test_a_refused_connection_is_transport(server: ReplayServer, adapter: 
 async def test_a_stream_broken_midway_is_transport_after_its_partial_events(
     server: ReplayServer, adapter: str, breakage: str
 ) -> None:
+    """Catalogue P4: a truncated stream."""
     events = recording(STREAMS[adapter])
     half = events[: len(events) // 2]
     server.queue(

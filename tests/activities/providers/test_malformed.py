@@ -94,6 +94,7 @@ async def test_duplicate_call_ids_are_called_once(server: ReplayServer) -> None:
 async def test_duplicate_call_ids_in_chat_and_responses_are_called_once(
     server: ReplayServer,
 ) -> None:
+    """Catalogue P2: a duplicate call id."""
     first = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": "{}"}}
     second = {"index": 1, "id": "call_1", "function": {"name": "echo", "arguments": "{}"}}
     server.queue(

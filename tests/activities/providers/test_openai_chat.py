@@ -215,6 +215,7 @@ async def test_maps_finish_reasons(server: ReplayServer) -> None:
 async def test_a_tool_call_cut_by_the_length_limit_is_rejected_as_malformed_json(
     server: ReplayServer,
 ) -> None:
+    """Catalogue P4: a truncated stream."""
     call = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": '{"text": "a'}}
     server.queue(Reply.events(chunk({"tool_calls": [call]}), chunk({}, "length")))
     outcome = await run(settings(server), request(MODEL))

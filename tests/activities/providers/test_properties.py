@@ -166,18 +166,21 @@ def streams(adapter: str) -> st.SearchStrategy[list[Any]]:
 @PROPERTY
 @given(st.data())
 def test_chat_parser_survives_mutated_streams(data: st.DataObject) -> None:
+    """Catalogue P9: fuzzed streams."""
     _parser_property("chat", data.draw(streams("chat")))
 
 
 @PROPERTY
 @given(st.data())
 def test_responses_parser_survives_mutated_streams(data: st.DataObject) -> None:
+    """Catalogue P9: fuzzed streams."""
     _parser_property("responses", data.draw(streams("responses")))
 
 
 @PROPERTY
 @given(st.data())
 def test_anthropic_parser_survives_mutated_streams(data: st.DataObject) -> None:
+    """Catalogue P9: fuzzed streams."""
     _parser_property("anthropic", data.draw(streams("anthropic")))
 
 
@@ -237,6 +240,7 @@ def _http_property(server: ReplayServer, adapter: str, chunks: list[bytes], rese
 def test_chat_adapter_survives_mutated_bytes(
     replay_server: ReplayServer, data: st.DataObject, reset: bool
 ) -> None:
+    """Catalogue P9: fuzzed streams."""
     _http_property(replay_server, "chat", data.draw(byte_streams("chat")), reset)
 
 
@@ -245,6 +249,7 @@ def test_chat_adapter_survives_mutated_bytes(
 def test_responses_adapter_survives_mutated_bytes(
     replay_server: ReplayServer, data: st.DataObject, reset: bool
 ) -> None:
+    """Catalogue P9: fuzzed streams."""
     _http_property(replay_server, "responses", data.draw(byte_streams("responses")), reset)
 
 
@@ -253,4 +258,5 @@ def test_responses_adapter_survives_mutated_bytes(
 def test_anthropic_adapter_survives_mutated_bytes(
     replay_server: ReplayServer, data: st.DataObject, reset: bool
 ) -> None:
+    """Catalogue P9: fuzzed streams."""
     _http_property(replay_server, "anthropic", data.draw(byte_streams("anthropic")), reset)

@@ -69,12 +69,14 @@ UNCONTAINED = dataclasses.replace(SETTINGS, sandbox=False)
 
 
 async def test_the_shell_itself_is_reaped(sandbox: Sandbox) -> None:
+    """Catalogue D8: a tool that never exits."""
     sandbox.settings = UNCONTAINED  # the pid it prints is a host pid only outside the sandbox
     output = await sandbox.call("bash", command="echo $$")
     assert not Path(f"/proc/{int(text(output))}").exists()
 
 
 async def test_a_command_that_never_exits_is_killed_with_its_group(sandbox: Sandbox) -> None:
+    """Catalogue D8: a tool that never exits."""
     mark = marker()
     started = time.monotonic()
     output = await sandbox.call(
@@ -88,6 +90,7 @@ async def test_a_command_that_never_exits_is_killed_with_its_group(sandbox: Sand
 
 async def test_sigterm_ignored_means_sigkill_after_the_grace(sandbox: Sandbox) -> None:
     # Contained, the shell cannot ignore anything: its namespace dies with the sandbox.
+    """Catalogue D8: a tool that never exits."""
     sandbox.settings = UNCONTAINED
     mark = marker()
     output = await sandbox.call(
@@ -107,6 +110,7 @@ async def test_sigterm_ignored_means_sigkill_after_the_grace(sandbox: Sandbox) -
     ],
 )
 async def test_a_forked_daemon_does_not_outlive_the_call(sandbox: Sandbox, daemon: str) -> None:
+    """Catalogue D8: a tool that never exits."""
     sandbox.settings = UNCONTAINED  # the process rules alone (the sandbox: test_sandbox.py)
     mark = marker()
     started = time.monotonic()
@@ -119,6 +123,7 @@ async def test_a_forked_daemon_does_not_outlive_the_call(sandbox: Sandbox, daemo
 
 
 async def test_a_flood_is_capped_and_killed_at_the_timeout(sandbox: Sandbox) -> None:
+    """Catalogue D8: a tool that never exits."""
     mark = marker()
     output = await sandbox.call("bash", command=f"yes flood{mark}", timeout=0.5)
     body = text(output)
@@ -155,6 +160,7 @@ async def test_cancellation_mid_command_kills_the_group(sandbox: Sandbox, prefix
 
 
 async def test_worker_shutdown_backstop_kills_running_groups(sandbox: Sandbox) -> None:
+    """Catalogue C8: graceful shutdown."""
     mark = marker()
     call = await started(sandbox, f"sleep 900.{mark} & sleep 900.{mark}", mark)
     assert len(process.running()) == 1

@@ -74,6 +74,7 @@ def escapes(sandbox: Sandbox) -> list[str]:
 async def test_every_escape_is_denied_and_nothing_outside_is_touched(
     hostile: Sandbox, tool: str
 ) -> None:
+    """Catalogue D4: path traversal."""
     hostile.arm()
     for path in escapes(hostile):
         with pytest.raises(ToolFailure) as refused:
@@ -153,6 +154,7 @@ async def test_special_files_are_refused_without_blocking(sandbox: Sandbox) -> N
 
 
 async def test_a_write_through_a_hard_link_changes_nothing(hostile: Sandbox) -> None:
+    """Catalogue D4: path traversal."""
     hostile.arm()
     with pytest.raises(PathDenied, match="hard links"):
         await hostile.call("write", path="hard", content="")
@@ -193,6 +195,7 @@ def _link_victim_out(sandbox: Sandbox) -> Callable[[], None]:
 
 
 def test_a_file_swapped_for_a_link_out_before_its_open_is_refused(sandbox: Sandbox) -> None:
+    """Catalogue D4: path traversal."""
     swap = _link_victim_out(sandbox)
     sandbox.arm()
     with Workspace(sandbox.workspace, sandbox.settings) as ws, pytest.raises(PathDenied):
@@ -239,7 +242,7 @@ def test_a_directory_link_repointed_out_during_the_walk_cannot_redirect_it(
 def test_a_walked_directory_replaced_by_a_link_out_cannot_redirect_the_open(
     sandbox: Sandbox,
 ) -> None:
-    """The walk holds the directory's descriptor: a link put in its place is never followed."""
+    """D4: The walk holds the directory's descriptor: a link put in its place is never followed."""
     _dir_fixture(sandbox)
     ws = sandbox.workspace
 
@@ -268,7 +271,7 @@ async def test_a_directory_link_pointing_out_before_the_call_is_refused(
 
 
 async def test_the_audit_sees_a_read_outside(sandbox: Sandbox) -> None:
-    """The audit itself works: a plain read of the outside secret is caught."""
+    """D4: The audit itself works: a plain read of the outside secret is caught."""
     sandbox.arm()
     (sandbox.outside / "secret.txt").read_text()
     with pytest.raises(AssertionError):

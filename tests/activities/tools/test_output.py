@@ -71,6 +71,7 @@ def test_text_output_keeps_the_note_after_the_cap() -> None:
 async def test_hostile_command_output_round_trips_through_the_store(
     sandbox: Sandbox, store: Store
 ) -> None:
+    """Catalogue D2: hostile text."""
     script = sandbox.workspace / "hostile.bin"
     script.write_bytes(HOSTILE_BYTES)
     shown = text(await sandbox.call("bash", command="cat hostile.bin"))
@@ -83,6 +84,7 @@ async def test_hostile_command_output_round_trips_through_the_store(
 
 @pytest.mark.parametrize("size", [1_000_000, 10_000_000])
 async def test_oversized_file_output_is_capped(sandbox: Sandbox, size: int) -> None:
+    """Catalogue D1: oversized tool output."""
     (sandbox.workspace / "big.txt").write_bytes(b"z" * size)
     output = await sandbox.call("bash", command="cat big.txt")
     assert len(text(output).encode()) < sandbox.settings.output_cap + 100

@@ -43,6 +43,7 @@ def sleeper(spawn: list[subprocess.Popen[bytes]], token: str) -> subprocess.Pope
 def test_a_command_whose_worker_died_before_recording_its_pid_is_still_reaped(
     records: Path, spawn: list[subprocess.Popen[bytes]]
 ) -> None:
+    """Catalogue C1: SIGKILL mid-tool."""
     token = process.intend()
     (records / f"pending-{token}").write_text(DEAD_WORKER)  # the worker died right after
     proc = sleeper(spawn, token)

@@ -55,6 +55,7 @@ def guarded(sandbox: Sandbox) -> Sandbox:
     "rel", [*PROTECTED_FILES, ".git", "innocent", "repo/config", ".sessionflow"]
 )
 async def test_protected_paths_are_denied_to_every_file_tool(guarded: Sandbox, rel: str) -> None:
+    """Catalogue D4: path traversal."""
     calls = {
         "read": {"path": rel},
         "write": {"path": rel, "content": "x"},
@@ -124,6 +125,7 @@ def test_platform_lists_follow_the_reference() -> None:
 
 
 async def test_the_store_database_can_be_protected_by_its_url(sandbox: Sandbox) -> None:
+    """Catalogue D4: path traversal."""
     (sandbox.workspace / "state.sqlite3-wal").write_text("wal")
     url = f"sqlite+aiosqlite:///{sandbox.workspace}/state.sqlite3"
     sandbox.settings = dataclasses.replace(sandbox.settings, protected_paths=database_paths(url))

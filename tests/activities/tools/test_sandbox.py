@@ -146,6 +146,7 @@ async def test_no_network_by_default(sandbox: Sandbox, listener: socket.socket) 
     ],
 )
 async def test_a_daemon_does_not_outlive_the_call(sandbox: Sandbox, daemon: str) -> None:
+    """Catalogue D8: a tool that never exits."""
     mark = marker()
     output = await shell(sandbox, daemon.format(m=mark) + "\nsleep 0.1; pgrep -c -x sleep")
     assert text(output).splitlines()[0] == "1"  # it ran, inside

@@ -150,7 +150,7 @@ def unused_port() -> int:
 
 
 async def test_an_unreachable_store_is_503(api: Api, postgres_target: Target) -> None:
-    """PostgreSQL behind a proxy this test cuts: every pooled connection dies at once."""
+    """C4: PostgreSQL behind a proxy this test cuts: every pooled connection dies at once."""
     async with Proxy(5432) as proxy:
         target = Target(
             postgres_target.url.replace(":5432/", f":{proxy.port}/"), postgres_target.schema

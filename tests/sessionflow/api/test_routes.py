@@ -54,6 +54,7 @@ async def test_create_read_list_and_messages(api: Api) -> None:
 
 
 async def test_prompt_is_idempotent_by_input_id(api: Api) -> None:
+    """Catalogue S9: a duplicate prompt or start."""
     sid = await api.session([{"text": "once"}])
     body = {"text": "Run once", "input_id": "msg_http_1", "delivery": "queue", "wake": False}
     first = await api.http.post(f"/sessions/{sid}/prompt", json=body)
@@ -71,7 +72,8 @@ async def test_prompt_is_idempotent_by_input_id(api: Api) -> None:
 
 async def test_resume_returns_the_outcome_or_202_while_it_runs(api: Api) -> None:
     gate = api.h.gate_file("resume")
-    # A second turn for the fresh busy period the second resume starts if the first one ended.
+    # A second turn: had the first busy period ended before the second resume reached the
+    # workflow, that resume forces a fresh drain, which asks the model again.
     sid = await api.session([{"wait_for_file": gate}, {"text": "resumed"}], [{"text": "again"}])
     waiting = await api.http.post(f"/sessions/{sid}/resume", params={"timeout": 0.2})
     assert waiting.status_code == 202 and waiting.json() == {"done": False, "outcome": None}
@@ -175,6 +177,7 @@ HOSTILE = [
 
 
 async def test_hostile_ids_are_refused_at_the_edge(api: Api) -> None:
+    """Catalogue D3: hostile session ids."""
     sid = await api.session([{"text": "x"}])
     before = await api.h.events(sid)
     for hostile in HOSTILE:

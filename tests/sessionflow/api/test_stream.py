@@ -48,6 +48,7 @@ async def prompt(api: Api, sid: str, text: str = "go") -> None:
 
 
 async def test_history_then_synced_then_live_events(api: Api) -> None:
+    """Catalogue S5: the history-then-live handoff."""
     gate = api.h.gate_file("live")
     sid = await api.session(
         [
@@ -140,6 +141,7 @@ async def _busy(api: Api, sid: str) -> bool:
 
 
 async def test_a_slow_subscriber_holds_back_no_one_and_loses_nothing(api: Api) -> None:
+    """Catalogue S8: a slow consumer."""
     big = "x" * 1_500_000  # megabytes of events: more than the sockets buffer for a non-reader
     gate = api.h.gate_file("slow")
     sid = await api.session([{"wait_for_file": gate}, {"text": big, "chunks": 30}])

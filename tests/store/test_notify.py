@@ -1,0 +1,144 @@
+"""PostgreSQL's doorbell to other processes: NOTIFY after the commit, never for a refused write;
+and the connections a store opens (pools of their own for renewals, bounded in number)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from sessionflow.errors import ClaimLostError
+from sessionflow.models import events as ev
+from store import Store
+from store.dialect import NOTIFY_CHANNEL
+from tests.conftest import Target
+from tests.store.conftest import libpq
+
+
+def deltas(sid: str, n: int) -> list[ev.Event]:
+    return [
+        ev.TextDelta(session_id=sid, assistant_message_id="msg_a", ordinal=0, delta=f"tok{i}")
+        for i in range(n)
+    ]
+
+
+async def listening(url: str) -> psycopg.AsyncConnection[Any]:
+    conn = await psycopg.AsyncConnection.connect(libpq(url), autocommit=True)
+    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    return conn
+
+
+async def notes_until(
+    conn: psycopg.AsyncConnection[Any], payload: str
+) -> AsyncIterator[psycopg.Notify]:
+    """The notifications on the channel, up to and including the one carrying ``payload``."""
+    async for note in conn.notifies():
+        yield note
+        if note.payload == payload:
+            return
+
+
+@pytest.fixture
+async def own_store(own_database: str) -> AsyncIterator[Store]:
+    # A database of its own: NOTIFY reaches every listener of a database, and other tests
+    # (other engineers' too) notify on the same channel in the shared one.
+    store = await Target(own_database).open()
+    yield store
+    await store.close()
+
+
+async def test_a_fenced_out_append_sends_no_notification(
+    own_store: Store, own_database: str
+) -> None:
+    store = own_store
+    sid = (await store.sessions.create("/work")).id
+    lost = await store.claims.acquire(sid, "exec_1", "owner-1")
+    await store.claims.release(lost)
+    listener = await listening(own_database)
+    try:
+        with pytest.raises(ClaimLostError):
+            await store.append(lost, deltas(sid, 3))
+        claim = await store.claims.acquire(sid, "exec_2", "owner-2")
+        stored = await store.append(claim, deltas(sid, 3))
+        final = f"{sid} {stored[-1].seq}"
+        payloads = [note.payload async for note in notes_until(listener, final)]
+    finally:
+        await listener.close()
+    # Every notification names the session and a committed seq: none is empty (the refused
+    # append's), and the seqs only grow (rings coalesce per aggregate, in commit order).
+    assert all(p.startswith(f"{sid} ") for p in payloads), payloads
+    seqs = [int(p.removeprefix(f"{sid} ")) for p in payloads]
+    assert seqs == sorted(seqs) and seqs[-1] == stored[-1].seq
+
+
+@pytest.mark.parametrize("path", ["hot", "projected"])
+async def test_notifications_are_sent_after_the_commit_by_the_announcer(
+    own_store: Store, own_database: str, path: str
+) -> None:
+    store = own_store
+    sid = (await store.sessions.create("/work")).id
+    claim = await store.claims.acquire(sid, "exec_1", "owner-1")
+    listener = await listening(own_database)
+    try:
+        if path == "hot":
+            stored = await store.append(claim, deltas(sid, 2))
+        else:
+            renamed = ev.SessionRenamed(session_id=sid, title="renamed")
+            stored = await store.append(claim, [renamed, *deltas(sid, 1)])
+        final = f"{sid} {stored[-1].seq}"
+        notes = [note async for note in notes_until(listener, final)]
+    finally:
+        await listener.close()
+    announcer = store.notifier.announcer
+    assert announcer is not None and announcer.pid is not None
+    # Sent by the announcer's own connection, once the write had committed: never from inside
+    # a write transaction, which would hold PostgreSQL's notify lock through its commit.
+    assert {note.pid for note in notes} == {announcer.pid}
+    assert (await store.events.latest_sequence(sid)) == stored[-1].seq
+
+
+async def test_a_claim_renewal_does_not_wait_for_a_busy_pool(
+    own_database: str,
+) -> None:
+    store = await Target(own_database).open(db_pool_size=1, db_pool_overflow=0)
+    try:
+        sid = (await store.sessions.create("/work")).id
+        claim = await store.claims.acquire(sid, "exec_1", "owner-1")
+        # Every connection of the main pool is taken (held open here) while the renewal runs.
+        async with store.db.write() as tx:
+            await tx.conn.exec_driver_sql("SELECT 1")
+            renewed = await store.claims.renew(claim)
+        assert renewed.expires_at >= claim.expires_at
+    finally:
+        await store.close()
+
+
+async def test_a_busy_worker_process_stays_well_under_the_connection_limit(
+    own_store: Store, own_database: str
+) -> None:
+    store = own_store
+    sessions = [(await store.sessions.create("/work")).id for _ in range(40)]
+    claims = [
+        await store.claims.acquire(sid, f"exec_{i}", f"owner-{i}") for i, sid in enumerate(sessions)
+    ]
+
+    async def busy(sid: str, claim: Any) -> None:
+        for _ in range(3):
+            await store.append(claim, deltas(sid, 2))
+            await store.append(claim, [ev.SessionRenamed(session_id=sid, title="t")])
+            await store.claims.renew(claim)
+            await store.sessions.get(sid)
+
+    await asyncio.gather(*(busy(sid, claim) for sid, claim in zip(sessions, claims, strict=True)))
+    async with await psycopg.AsyncConnection.connect(libpq(own_database)) as admin:
+        cursor = await admin.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    # The pools' bounds (store.db.Pools) and the hot path's, LISTEN and NOTIFY: 28 at most.
+    assert row[0] <= 28

@@ -1,0 +1,328 @@
+"""Reliability catalogue cases that need a drain on a real Temporal server of their own (or a
+store made to fail under it). Each test names its case; docs/reliability.md lists them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
+from store import Store
+from store.schema import execution_table
+from tests.conftest import Target, start_dev_server, temporal_binary
+from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
+from tests.workflows.harness import Harness, call, harness
+from tests.workflows.workers import WorkerProcess
+from workflows import session as session_workflow
+from workflows.session import Options
+
+PENDING_LIMIT = 6  # Temporal's default is 2,000 pending activities per workflow
+
+
+@pytest.fixture(scope="module")
+async def few_pending_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_dev_server(f"limit.numPendingActivities.error={PENDING_LIMIT}")
+    yield env
+    await env.shutdown()
+
+
+async def test_a_turn_with_more_calls_than_temporal_lets_pend_runs_every_one(
+    few_pending_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """D6: a turn with more tool calls than Temporal allows pending activities (here a server
+    that allows 6, as the default allows 2,000) runs every call: the workflow schedules a tool
+    only when one of the session's ``max_active_tools`` slots is free, so the turn activity plus
+    the running tools never reach the limit. Without that gate the server fails the workflow
+    task ("PendingActivitiesLimitExceeded") and the session never ends."""
+    calls = [call(f"c{i:02d}", "echo", text=str(i)) for i in range(4 * PENDING_LIMIT)]
+    async with harness(few_pending_env.client, store, tmp_path) as h:
+        sid = await h.session(calls, [{"text": "all done"}], max_active_tools=PENDING_LIMIT - 2)
+        await h.client.prompt(sid, "Go")
+        await h.client.wait_idle(sid, timeout=120)
+        log = await final_log(store, sid)
+    assert_clean(log)
+    settled = [e.data.call_id for e in log if e.data.type in TOOL_TERMINALS]
+    assert sorted(settled) == sorted(c["tool_call"]["id"] for c in calls)
+    assert [e.data.type for e in log][-1] == "session.execution.succeeded"
+
+
+async def test_the_tool_cap_stays_below_temporals_pending_activity_limit(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """D6: a session cannot be given a cap that would let its tools alone reach the limit."""
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        with pytest.raises(ValueError, match="max_active_tools must be between 1 and 1000"):
+            await h.session([{"text": "x"}], max_active_tools=MAX_ACTIVE_TOOLS + 1)
+        assert await h.session([{"text": "x"}], max_active_tools=MAX_ACTIVE_TOOLS)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def _dev_server(port: int, database: Path) -> WorkflowEnvironment:
+    return await WorkflowEnvironment.start_local(
+        port=port,
+        dev_server_database_filename=str(database),
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=[SESSION_ID_ATTRIBUTE],
+        dev_server_log_level="error",
+    )
+
+
+@pytest.mark.fault
+async def test_the_temporal_server_restarted_mid_drain_finishes_the_session(
+    store: Store, tmp_path: Path
+) -> None:
+    """C5: the Temporal dev server (on a database file, ``--db-filename``) is stopped while a
+    model turn streams and started again on the same address. The worker and the client keep
+    their connections (the SDK reconnects); the busy period finishes under its one claim with
+    the same log an uninterrupted run writes."""
+    port, database = _free_port(), tmp_path / "temporal.db"
+    first = await _dev_server(port, database)
+    second: WorkflowEnvironment | None = None
+    try:
+        async with harness(first.client, store, tmp_path) as h:
+            gate = h.gate_file("stream")
+            sid = await h.session(
+                [
+                    {"text": "before "},
+                    {"wait_for_file": gate},
+                    {"text": "after"},
+                    call("c1", "echo", text="tool ran"),
+                ],
+                [{"text": "done"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+            await first.shutdown()
+            second = await _dev_server(port, database)
+            h.open_gate("stream")
+            await h.client.wait_idle(sid, timeout=120)
+            log = await final_log(store, sid)
+    finally:
+        if second is not None:
+            await second.shutdown()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded"
+    assert len({(e.execution_id, e.epoch) for e in log if e.execution_id}) == 1
+    texts = [
+        "".join(getattr(part, "text", "") for part in m.content)
+        for m in await store.sessions.messages(sid)
+        if m.type == "assistant"
+    ]
+    assert texts == ["before after", "done"]
+    assert "session.tool.success" in types
+
+
+async def _has(h: Harness, sid: str, kind: str) -> bool:
+    return kind in await h.types(sid, deltas=True)
+
+
+@pytest.mark.fault
+async def test_a_poison_call_that_kills_every_worker_is_bounded_and_holds_no_one_back(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """C9 (and C12, worker churn): one session's tool call kills the worker process that runs
+    it, every time. A supervisor keeps two workers on the queue, starting one whenever one
+    dies, while other sessions run on the same workers. The poison call is tried a bounded
+    number of times (the tool activity's retry policy), then settles failed and its busy period
+    ends failed; every other session finishes; no log breaks an invariant. On PostgreSQL only:
+    the store several worker processes share in production (the case is the workflow's)."""
+    crashes, target = tmp_path / "crashes.log", postgres_target
+    store = await target.open()
+    try:
+        await _poison_run(temporal_env, store, target, tmp_path, workers, crashes)
+    finally:
+        await store.close()
+
+
+async def _poison_run(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    crashes: Path,
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        queue = h.client.task_queue
+
+        async def spawn() -> WorkerProcess:
+            worker = WorkerProcess(temporal_env, target, queue)
+            workers.append(worker)
+            await worker.ready()
+            return worker
+
+        async def supervise() -> None:
+            alive = [await spawn(), await spawn()]
+            while True:
+                for i, worker in enumerate(alive):
+                    if worker.process.poll() is not None:
+                        alive[i] = await spawn()
+                await asyncio.sleep(0.1)
+
+        supervisor = asyncio.create_task(supervise())
+        try:
+            poison = h.script(
+                [call("p1", "crash", log=str(crashes))], [{"text": "gave up"}], name="poison.json"
+            )
+            sid = await h.client.create_session(workspace=str(h.workspace), model=poison)
+            healthy = []
+            for n in range(3):
+                model = h.script(
+                    [call(f"e{n}{i}", "echo", text=f"{n}.{i}") for i in range(3)],
+                    [{"text": f"healthy {n}"}],
+                    name=f"healthy{n}.json",
+                )
+                healthy.append(
+                    await h.client.create_session(workspace=str(h.workspace), model=model)
+                )
+            await h.client.prompt(sid, "Go")
+            await h.until(crashes.exists, timeout=30)  # the poison is killing workers now
+            for other in healthy:
+                await h.client.prompt(other, "Go")
+            for other in healthy:
+                await h.client.wait_idle(other, timeout=120)
+            await h.client.wait_idle(sid, timeout=180)
+        finally:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        for other in healthy:
+            log = await final_log(store, other)
+            assert_clean(log)
+            assert log[-1].data.type == "session.execution.succeeded"
+        log = await final_log(store, sid)
+    assert_clean(log)
+    assert len(crashes.read_text().split()) == 3  # the tool activity's maximum attempts
+    [settled] = [e for e in log if e.data.type in TOOL_TERMINALS]
+    assert settled.data.type == "session.tool.failed"
+    # Moved to failed (the catalogue's dead-letter state), not crash-looping: a later prompt
+    # starts afresh.
+    assert log[-1].data.type == "session.execution.failed"
+    assert "heartbeat timeout" in log[-1].data.error.message.lower()
+
+
+@pytest.mark.breaks_invariants("I5")  # the successor is the test's own claim: it writes nothing
+async def test_a_run_whose_claim_another_execution_holds_ends_without_writing(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """F9: the Temporal run and the database claim disagree. While run R1 streams a turn, its
+    claim lapses and another execution (R2) takes the session. R1's turn fails with a
+    non-retryable ``ClaimLostError`` (tried once: Temporal does not retry it) and R1's busy
+    period ends without writing a single event after the takeover."""
+    async with harness(temporal_env.client, store, tmp_path, breaks={"I5"}) as h:
+        gate = h.gate_file("after-takeover")
+        sid = await h.session([{"text": "streamed "}, {"wait_for_file": gate}, {"text": "late"}])
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+        first = await store.claims.current(sid)
+        assert first is not None
+        async with store.db.write() as tx:  # R1's lease runs out (a paused or partitioned run)
+            await tx.conn.execute(
+                sa.update(execution_table)
+                .where(execution_table.c.session_id == sid)
+                .values(expires_at=0)
+            )
+        successor = await store.claims.acquire(sid, "exec_r2", "owner-r2")
+        taken_at = await store.events.latest_sequence(sid)
+        h.open_gate("after-takeover")
+        await h.until(lambda: _idle(h, sid), timeout=60)
+        late = [e for e in await h.events(sid) if e.seq > taken_at]
+        history = await h.client._handle(sid).fetch_history()
+    assert late == [], [e.type for e in late]
+    assert successor.epoch == first.epoch + 1
+    failures = [
+        e.activity_task_failed_event_attributes.failure
+        for e in history.events
+        if e.HasField("activity_task_failed_event_attributes")
+    ]
+    assert failures, "R1's turn did not fail"
+    info = failures[0].application_failure_info
+    assert (info.type, info.non_retryable) == ("ClaimLostError", True)
+    started = [e for e in history.events if e.HasField("activity_task_started_event_attributes")]
+    assert [e.activity_task_started_event_attributes.attempt for e in started] == [1]
+
+
+async def _idle(h: Harness, sid: str) -> bool:
+    return not (await h.client.status(sid)).busy
+
+
+def test_every_activity_has_a_bound_that_finds_a_lost_task() -> None:
+    """C7: a lost activity task (its worker died after polling it, before or while running it)
+    never hangs the workflow. Every activity the workflow runs has a start-to-close timeout;
+    every remote one that may run longer than a minute heartbeats within seconds, so the
+    server notices a lost task and retries it (or fails it to the workflow) long before its
+    start-to-close. The crash tests (C1, C3) show the retry itself; this checks that no
+    activity is without the bound."""
+    options = {
+        name: value for name, value in vars(session_workflow).items() if isinstance(value, Options)
+    }
+    assert {"SHORT", "CLAIM", "CLAIM_AT_ONCE", "TURN", "COMPACT", "TOOL"} <= set(options)
+    for name, option in options.items():
+        assert timedelta(0) < option.start_to_close <= timedelta(hours=2), name
+        if not option.local and option.start_to_close > timedelta(minutes=1):
+            assert option.heartbeat is not None, f"{name} runs long without a heartbeat"
+            assert option.heartbeat <= timedelta(seconds=10), name
+
+
+LEASE_MS = 2000
+
+
+@pytest.mark.parametrize("stall", [0.5, 1.5])
+async def test_an_event_loop_stalled_past_its_lease_fences_its_worker(
+    temporal_env: WorkflowEnvironment, target: Target, tmp_path: Path, stall: float
+) -> None:
+    """F4: a tool blocks its worker's event loop (renewals included) for 0.5x and then 1.5x
+    the lease. 0.5x: the claim survives and the busy period succeeds under it. 1.5x: the
+    claim expired meanwhile; the worker cannot renew it, writes nothing more under it, and the
+    session's next busy period takes it with a new epoch and settles the stalled call."""
+    store = await target.open(lease_ms=LEASE_MS)
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            sid = await h.session(
+                [call("s1", "stall", seconds=stall * LEASE_MS / 1000)],
+                [{"text": "after the stall"}],
+                [{"text": "next prompt"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.client.wait_idle(sid, timeout=60)
+            if stall > 1:
+                await h.client.prompt(sid, "Again")
+                await h.client.wait_idle(sid, timeout=60)
+            log = await final_log(store, sid)
+    finally:
+        await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    stamps = sorted({(e.epoch, e.execution_id) for e in log if e.execution_id})
+    if stall < 1:
+        assert len(stamps) == 1 and types[-1] == "session.execution.succeeded"
+        assert "session.tool.success" in types
+        return
+    (_, stalled), (_, successor) = stamps
+    called = next(e.seq for e in log if e.data.type == "session.tool.called")
+    assert [e for e in log if e.execution_id == stalled and e.seq > called] == []
+    [settled] = [e for e in log if e.data.type in TOOL_TERMINALS]
+    assert (settled.data.type, settled.execution_id) == ("session.tool.failed", successor)
+    assert types[-1] == "session.execution.succeeded"
