@@ -44,6 +44,7 @@ BENCH_POSTGRES_URL ?= $(SESSIONFLOW_TEST_POSTGRES_URL)
 bench: $(STAMP)
 	$(PY) bench/store.py
 	$(PY) bench/drain.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
+	$(if $(BENCH_POSTGRES_URL),SESSIONFLOW_BENCH_POSTGRES_URL=$(BENCH_POSTGRES_URL)) $(PY) bench/api.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow

@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from sessionflow.errors import InvalidInputError
 from sessionflow.models.common import Model
 from sessionflow.models.permissions import Rule
 
@@ -99,7 +100,7 @@ PLAN = Agent(
 )
 
 
-class UnknownAgentError(ValueError):
+class UnknownAgentError(InvalidInputError):
     def __init__(self, name: str, known: list[str]) -> None:
         super().__init__(f"Unknown agent {name!r}: the agents are {', '.join(known)}")
         self.name = name

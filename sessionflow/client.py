@@ -367,6 +367,7 @@ class SessionClient:
         once). When no worker answers in time, the interrupt is sent as a durable signal that
         takes effect when a worker is back, and the answer says it was only sent.
         """
+        await self.store.sessions.get(session_id)  # an unknown session is an error, not idle
         request_id = request_id or f"interrupt-{uuid.uuid4()}"
         request = InterruptRequest(reason=reason, request_id=request_id)
         handle = self._handle(session_id)

@@ -9,6 +9,7 @@ names in the same style:
     NotFoundError             404  no such route (an unknown session is SessionNotFoundError)
     MethodNotAllowedError     405
     TemporalUnavailableError  503  the Temporal server cannot be reached; retry
+    (NoWorkerError is 503 too: no worker polls the session's task queue; start one, retry)
     InternalError             500  a defect; the server log has the traceback
 """
 
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException
 from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import errors
+from sessionflow.agents import UnknownAgentError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ STATUSES: tuple[tuple[type[Exception], int], ...] = (
     (errors.ClaimError, 409),
     (errors.StoreUnavailableError, 503),
     (errors.StoreError, 500),
+    # Work waits for a worker: the request is not lost (``sent`` says so), retry once one runs.
+    (errors.NoWorkerError, 503),
 )
 HTTP_TYPES = {401: "UnauthorizedError", 403: "ForbiddenError", 404: "NotFoundError"}
 HTTP_TYPES[405] = "MethodNotAllowedError"
@@ -86,9 +90,17 @@ def install(app: FastAPI) -> None:
 
 async def _taxonomy(request: Request, error: Exception) -> JSONResponse:
     status = next((code for cls, code in STATUSES if isinstance(error, cls)), 500)
-    field = f"{error.kind}_id" if isinstance(error, errors.InvalidIdError) else None
+    field = _taxonomy_field(error)
     headers = {"Retry-After": "1"} if status == 503 else None
     return error_response(status, type(error).__name__, str(error), field=field, headers=headers)
+
+
+def _taxonomy_field(error: Exception) -> str | None:
+    if isinstance(error, errors.InvalidIdError):
+        return f"{error.kind.replace(' ', '_')}_id"
+    if isinstance(error, UnknownAgentError):
+        return "agent"
+    return None
 
 
 async def _validation(request: Request, error: Exception) -> JSONResponse:

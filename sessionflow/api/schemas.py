@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
 from sessionflow.models.drain import Outcome
+from sessionflow.models.permissions import Decision, Rule
 
 
 class Body(BaseModel):
@@ -23,6 +24,11 @@ class SessionSettings(Body):
     max_steps: int | None = Field(default=None, ge=1, description="model turns per busy period")
     system: str | None = Field(default=None, description="extra system prompt")
     compaction: CompactionSettings | None = None
+    permissions: list[Rule] = Field(default=[], description="rules; the last match wins")
+    network: bool = Field(default=False, description="let bash reach the network")
+    approval_timeout: float | None = Field(
+        default=None, gt=0, description="seconds an unanswered permission ask waits, then fails"
+    )
 
 
 class CreateSession(Body):
@@ -30,6 +36,7 @@ class CreateSession(Body):
     model: str = Field(description="<provider>/<model>, e.g. scripted/demo.json")
     title: str = ""
     session_id: str | None = Field(default=None, description="choose the id (idempotency)")
+    agent: str | None = Field(default=None, description="the agent (default: the default one)")
     settings: SessionSettings = SessionSettings()
 
     @field_validator("workspace")
@@ -64,6 +71,27 @@ class PromptRequest(Prompt):
 class InterruptBody(Body):
     reason: str = Field(default="user", max_length=200)
     request_id: str | None = Field(default=None, description="a repeat is answered once")
+
+
+class Reply(Body):
+    """A reply to a waiting permission ask: ``once`` runs the call, ``always`` also allows such
+    calls from now on, ``reject`` refuses it (with a ``message`` the model reads and goes on;
+    without one the step stops)."""
+
+    decision: Decision
+    message: str | None = Field(default=None, max_length=4000)
+    by: str | None = Field(default=None, max_length=200, description="who answered")
+
+
+class Answer(Body):
+    """The answer to a question the model asked (the question tool's result)."""
+
+    text: str = Field(max_length=20000)
+    by: str | None = Field(default=None, max_length=200)
+
+
+class AgentChoice(Body):
+    agent: str = Field(description="the agent for the next model turns, e.g. build or plan")
 
 
 class Compaction(BaseModel):

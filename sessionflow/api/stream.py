@@ -2,52 +2,96 @@
 
 History after the cursor, a ``synced`` marker (no id, so it never moves the client's cursor),
 then live events as they commit. The cursor is the client's: ``Last-Event-ID`` (an
-``EventSource`` sends it on every reconnect) or ``?after=``. Nothing is buffered here: a slow
-client holds a cursor into the table, not a queue, so it can lag without loss or harm to others.
+``EventSource`` sends it on every reconnect) or ``?after=``. Live events come from the session's
+shared ``Feed`` (one store follower for all its subscribers); what the feed's window lacks is
+read from the table, so a slow client holds a cursor, not a queue, and lags without loss or
+harm to others.
 
 ``until=idle`` ends the stream with an ``end`` event once no busy period runs: at the marker if
-the session is idle then, else after the terminal event of the last busy period.
+the session is idle then, else after the terminal event of the last busy period; either way
+after every event committed by then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict
 
 from sse_starlette import ServerSentEvent
 
-from sessionflow.client import ClientEvent, SessionClient, SessionStatus
+from sessionflow.api.errors import unavailable_response
+from sessionflow.api.feed import Feed, Feeds, Frame, writes
+from sessionflow.client import SessionClient, SessionStatus
+from sessionflow.errors import StoreUnavailableError
 from sessionflow.watch import TERMINALS
-from store.events import StoredEvent
 
+log = logging.getLogger(__name__)
 # A terminal is committed a moment before its busy period stops being busy in the status query:
 # ask again, backing off, for about half a minute at most.
 _SETTLE_DELAYS_S = (0.05, 0.1, 0.2, 0.4, *([1.0] * 30))
 StatusOf = Callable[[str], Awaitable[SessionStatus]]
-
-
-def event_message(event: ClientEvent) -> ServerSentEvent:
-    # ASCII JSON: a lone surrogate the store kept is spelled \udxxx, never an unencodable byte.
-    return ServerSentEvent(data=json.dumps(asdict(event)), id=str(event.seq))
+Chunk = bytes | ServerSentEvent
 
 
 async def session_stream(
-    client: SessionClient, session_id: str, *, after: int, until_idle: bool, status: StatusOf
-) -> AsyncIterator[ServerSentEvent]:
-    async for item in client.store.events.log(session_id, after=after, follow=True):
-        if not isinstance(item, StoredEvent):
-            yield ServerSentEvent(data=json.dumps({"seq": item.seq}), event="synced")
-            if until_idle and _idle(await status(session_id)):
-                yield _end()
-                return
-            continue
-        event = ClientEvent.of(item)
-        yield event_message(event)
-        if until_idle and event.type in TERMINALS and await _settled(status, session_id, event):
-            yield _end()
+    feeds: Feeds, session_id: str, *, after: int, until_idle: bool, status: StatusOf
+) -> AsyncIterator[Chunk]:
+    """The stream; if the store fails under it, it ends (the client resumes by its cursor)."""
+    try:
+        async for chunk in _stream(
+            feeds, session_id, after=after, until_idle=until_idle, status=status
+        ):
+            yield chunk
+    except Exception as error:
+        if unavailable_response(error) is None and not isinstance(error, StoreUnavailableError):
+            raise
+        log.warning("The stream of session %s ended: %s", session_id, error)
+
+
+async def _stream(
+    feeds: Feeds, session_id: str, *, after: int, until_idle: bool, status: StatusOf
+) -> AsyncIterator[Chunk]:
+    target = await feeds.events.latest_sequence(session_id)
+    async with feeds.joined(session_id, target) as feed:
+        async for chunk in _sent(feed.frames(after, through=target)):
+            yield chunk
+        cursor = max(after, target)
+        yield _synced(target)
+        if until_idle and _idle(await status(session_id)):
+            async for chunk in _finish(feed, cursor):
+                yield chunk
             return
+        async for batch in feed.frames(cursor):
+            for frame in writes(batch):
+                yield frame
+            cursor = batch[-1].seq
+            terminals = [frame for frame in batch if frame.type in TERMINALS]
+            if until_idle and terminals and await _settled(status, session_id, terminals[-1]):
+                async for chunk in _finish(feed, cursor):
+                    yield chunk
+                return
+
+
+async def _sent(batches: AsyncIterator[list[Frame]]) -> AsyncIterator[Chunk]:
+    async for batch in batches:
+        for frame in writes(batch):
+            yield frame
+
+
+async def _finish(feed: Feed, cursor: int) -> AsyncIterator[Chunk]:
+    """Idle: what committed up to now (nothing more is coming), then ``end``."""
+    latest = await feed.events.latest_sequence(feed.session_id)
+    async for chunk in _sent(feed.frames(cursor, through=latest)):
+        yield chunk
+    yield ServerSentEvent(data=json.dumps({"reason": "idle"}), event="end")
+
+
+def _synced(target: int) -> ServerSentEvent:
+    return ServerSentEvent(
+        data=json.dumps({"seq": target if target >= 0 else None}), event="synced"
+    )
 
 
 class Streams:
@@ -58,6 +102,7 @@ class Streams:
     def __init__(self, client: SessionClient) -> None:
         self.client = client
         self.open = 0
+        self.feeds = Feeds(client.store.events)
         self._asking: dict[str, asyncio.Task[SessionStatus]] = {}
 
     async def status(self, session_id: str) -> SessionStatus:
@@ -72,7 +117,7 @@ class Streams:
         if self._asking.get(session_id) is done:
             del self._asking[session_id]
 
-    async def track(self, stream: AsyncIterator[ServerSentEvent]) -> AsyncIterator[ServerSentEvent]:
+    async def track(self, stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
         self.open += 1
         try:
             async for message in stream:
@@ -81,21 +126,17 @@ class Streams:
             self.open -= 1
 
 
-def _end() -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps({"reason": "idle"}), event="end")
-
-
 def _idle(status: SessionStatus) -> bool:
     return not status.busy and not (status.drain and status.drain.pending_wake)
 
 
-async def _settled(status_of: StatusOf, session_id: str, terminal: ClientEvent) -> bool:
+async def _settled(status_of: StatusOf, session_id: str, terminal: Frame) -> bool:
     """True if no busy period follows ``terminal``'s; False if a successor runs (keep going)."""
     for delay in _SETTLE_DELAYS_S:
         status = await status_of(session_id)
         if _idle(status):
             return True
-        if status.drain is None or status.drain.execution_id != terminal.data.get("execution_id"):
+        if status.drain is None or status.drain.execution_id != terminal.execution_id:
             return False  # a successor busy period: its own terminal will come
         await asyncio.sleep(delay)  # this period is still settling after its terminal
     return False

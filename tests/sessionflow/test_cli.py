@@ -218,6 +218,7 @@ async def test_demo_then_dev_reuse_a_server_with_its_own_ui_port_and_state_per_p
         )
         link = f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/session-{session_id}"
         assert link in done.stdout
+        assert re.search(rf"live page http://127\.0\.0\.1:\d+/view/{session_id}", done.stdout)
         store = await open_store(f"sqlite+aiosqlite:///{state / 'sessionflow.db'}")
         try:
             page = await store.events.read_after(session_id)
@@ -274,7 +275,12 @@ async def _dev_lines(cwd: Path, port: int, *, check_pid: bool = False) -> list[s
         assert lines[-1].startswith("worker running"), lines
         api = lines[3].removeprefix("API and live page: ").strip()
         health = await asyncio.to_thread(urllib.request.urlopen, f"{api}/healthz", timeout=10)
-        assert json.loads(health.read()) == {"store": True, "temporal": True, "streams": 0}
+        assert json.loads(health.read()) == {
+            "store": True,
+            "temporal": True,
+            "streams": 0,
+            "followers": 0,
+        }
         pid_file = cwd / ".sessionflow" / f"temporal-{port}.pid"
         server_pid = int(pid_file.read_text()) if check_pid else None
         process.send_signal(signal.SIGINT)

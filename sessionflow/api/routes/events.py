@@ -38,7 +38,7 @@ async def events(
     await client.session(session_id)  # 404 before the stream starts, not inside it
     streams = request.app.state.streams
     stream = session_stream(
-        client, session_id, after=cursor, until_idle=until == "idle", status=streams.status
+        streams.feeds, session_id, after=cursor, until_idle=until == "idle", status=streams.status
     )
     return EventSourceResponse(
         streams.track(stream),

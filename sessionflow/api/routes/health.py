@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from sessionflow.api.deps import Client
 
@@ -14,6 +14,7 @@ class Health(BaseModel):
     store: bool
     temporal: bool
     streams: int
+    followers: int = Field(description="store followers: one per session with streams")
 
 
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
@@ -29,4 +30,7 @@ async def health(request: Request, client: Client, response: Response) -> Health
         temporal = False
     if not (store and temporal):
         response.status_code = 503
-    return Health(store=store, temporal=temporal, streams=request.app.state.streams.open)
+    streams = request.app.state.streams
+    return Health(
+        store=store, temporal=temporal, streams=streams.open, followers=len(streams.feeds)
+    )

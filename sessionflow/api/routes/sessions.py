@@ -25,6 +25,10 @@ async def create_session(body: CreateSession, client: Client, response: Response
         max_steps=body.settings.max_steps,
         system=body.settings.system,
         compaction=body.settings.compaction,
+        agent=body.agent,
+        permissions=body.settings.permissions,
+        network=body.settings.network,
+        approval_timeout=body.settings.approval_timeout,
     )
     response.headers["Location"] = f"/sessions/{created}"
     return await client.session(created)

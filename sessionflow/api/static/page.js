@@ -18,9 +18,20 @@ function el(tag, className, text) {
   return node;
 }
 
+// The session's phase (busy, idle) as the events and the status say, and whether the stream is
+// connected: a dropped connection shows "reconnecting" until the stream is back, then the phase.
+let phase = "connecting";
+let connected = true;
+
+function show() {
+  const shown = connected ? phase : "reconnecting";
+  stateLine.dataset.state = shown;
+  stateLine.textContent = shown;
+}
+
 function setState(state) {
-  stateLine.dataset.state = state;
-  stateLine.textContent = state;
+  phase = state;
+  show();
 }
 
 function find(selector) {
@@ -78,6 +89,60 @@ function setCard(node, state, created) {
     node.querySelector(".duration").textContent = `${seconds.toFixed(2)} s`;
   }
 }
+
+// A waiting permission ask (approve / always / deny) or question (answer) on its tool's card.
+function ask(request) {
+  const node = card(request.assistant_message_id, request.call_id, request.tool);
+  const box = el("div", "ask");
+  box.dataset.request = request.request_id;
+  box.dataset.kind = request.kind;
+  if (request.kind === "question") {
+    box.append(el("p", "question", request.question || "The agent asks:"));
+    for (const option of request.options || []) {
+      const choice = el("button", "option", option);
+      Object.assign(choice.dataset, { reply: "answer", answer: option });
+      box.append(choice);
+    }
+    const input = el("input", "answer");
+    input.placeholder = "your answer";
+    const send = el("button", "send-answer", "Answer");
+    send.dataset.reply = "answer";
+    box.append(input, send);
+  } else {
+    box.append(el("p", "summary", `${request.tool} wants to run: ${request.summary}`));
+    for (const [decision, label] of [["once", "Approve"], ["always", "Always"], ["reject", "Deny"]]) {
+      const button = el("button", decision === "reject" ? "deny" : `approve ${decision}`, label);
+      Object.assign(button.dataset, { reply: "decision", decision });
+      box.append(button);
+    }
+  }
+  node.append(box);
+}
+
+async function reply(button) {
+  const box = button.closest(".ask");
+  const request = encodeURIComponent(box.dataset.request);
+  const answer = button.dataset.answer ?? (box.querySelector("input.answer") || {}).value;
+  const [path, body] = button.dataset.reply === "answer"
+    ? [`requests/${request}/answer`, { text: answer || "" }]
+    : [`requests/${request}/reply`, { decision: button.dataset.decision }];
+  const buttons = box.querySelectorAll("button");
+  buttons.forEach((b) => { b.disabled = true; });
+  notice.textContent = "";
+  try {
+    const answered = await post(path, body);
+    if (answered.status === "sent") notice.textContent = "reply sent: it applies when a worker runs";
+  } catch (error) {
+    notice.textContent = error.message;
+    buttons.forEach((b) => { b.disabled = false; });
+  }
+}
+
+// Delegated: the buttons of a transcript restored after a reload work too.
+transcript.addEventListener("click", (e) => {
+  const button = e.target.closest(".ask button[data-reply]");
+  if (button && !button.disabled) reply(button);
+});
 
 function marker(text, className) {
   transcript.append(el("div", `marker ${className || ""}`, text));
@@ -147,6 +212,17 @@ const handlers = {
     output.classList.add("error");
     setCard(node, "error", e.created);
   },
+  "session.permission.asked": (d) => ask(d.request),
+  "session.permission.replied": (d) => {
+    const box = find(`.ask[data-request="${CSS.escape(d.request_id)}"]`);
+    if (!box) return;
+    const who = d.by ? ` by ${d.by}` : "";
+    const what = d.answer !== null && d.answer !== undefined ? `answered “${d.answer}”`
+      : { once: "approved", always: "approved (always)", reject: "denied" }[d.decision];
+    const why = d.reason === "answered" ? "" : ` (${d.reason})`;
+    box.replaceChildren(el("p", "replied", `${what}${who}${why}`));
+    box.dataset.replied = d.decision;
+  },
   "session.step.failed": (d) => {
     assistant(d.assistant_message_id).append(el("div", "error", `${d.error.type}: ${d.error.message}`));
   },
@@ -185,7 +261,14 @@ function follow() {
     root.dataset.synced = "true";
     refreshState();
   });
-  source.onerror = () => setState("reconnecting");
+  source.onerror = () => {
+    connected = false;
+    show();
+    // The browser retries a dropped stream by itself (with Last-Event-ID), but gives up when
+    // a retry fails outright (the server was down): start again after the last seq shown.
+    if (source.readyState === EventSource.CLOSED) setTimeout(follow, 1000);
+  };
+  source.onopen = () => { connected = true; show(); };
 }
 
 async function refreshState() {
@@ -245,7 +328,7 @@ setInterval(() => {
 }, 250);
 
 window.addEventListener("pagehide", () => {
-  const state = { seq: lastSeq, html: transcript.innerHTML, state: stateLine.dataset.state };
+  const state = { seq: lastSeq, html: transcript.innerHTML, state: phase };
   sessionStorage.setItem(saved, JSON.stringify(state));
 });
 

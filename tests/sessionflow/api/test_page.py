@@ -6,15 +6,17 @@ Nothing is downloaded: Playwright drives ``/usr/bin/chromium`` (``apt-get instal
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from sessionflow.api.config import ApiSettings
-from sessionflow.api.serve import running_api
+from sessionflow.api.serve import listen, running_api
 from tests.sessionflow.api.conftest import Api
 from tests.workflows.harness import call
 
@@ -29,6 +31,8 @@ FLAGS = [
     "--disable-sync",
 ]
 UI = "http://127.0.0.1:8233"
+# A ceiling for each wait on the page, not a measurement: the machines this runs on are shared.
+expect.set_options(timeout=30_000)
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +127,115 @@ def lambda_seconds() -> Any:
     import re
 
     return re.compile(r"^\d+\.\d+ s$")
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_the_page_answers_what_a_session_waits_for(api: Api, browser: Browser) -> None:
+    sid = await api.session(
+        [call("b1", "bash", command="touch approved.txt")],
+        [call("q1", "question", question="Which branch?", options=["main", "dev"])],
+        [call("b2", "bash", command="touch denied.txt")],
+        [{"text": "never"}],
+    )
+    async with running_api(api.h.client, ApiSettings(port=0, temporal_ui=UI)) as url:
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await page.fill("#prompt textarea", "Go")
+            await page.click("#send")
+            first = page.locator('.tool[data-call="b1"] .ask')
+            await expect(first.locator(".summary")).to_have_text(
+                "bash wants to run: touch approved.txt"
+            )
+            assert not (api.h.workspace / "approved.txt").exists()
+            await first.locator("button.approve.once").click()
+            await expect(first.locator(".replied")).to_have_text("approved")
+            await expect(page.locator('.tool[data-call="b1"]')).to_have_attribute(
+                "data-state", "completed"
+            )
+            assert (api.h.workspace / "approved.txt").exists()
+
+            question = page.locator('.tool[data-call="q1"] .ask')
+            await expect(question.locator(".question")).to_have_text("Which branch?")
+            await question.locator('button.option[data-answer="dev"]').click()
+            await expect(question.locator(".replied")).to_have_text("answered “dev”")
+
+            await page.reload()  # restored or streamed anew, a waiting ask still answers
+            last = page.locator('.tool[data-call="b2"] .ask')
+            await expect(last.locator(".summary")).to_have_text(
+                "bash wants to run: touch denied.txt"
+            )
+            await last.locator("button.deny").click()
+            await expect(last.locator(".replied")).to_have_text("denied")
+            await expect(page.locator(".marker.interrupted")).to_have_count(1)
+        finally:
+            await page.close()
+    assert not (api.h.workspace / "denied.txt").exists()
+    replied = [e for e in await api.h.events(sid) if e.type == "session.permission.replied"]
+    assert [(e.data["decision"], e.data["answer"]) for e in replied] == [
+        ("once", None),
+        ("once", "dev"),
+        ("reject", None),
+    ]
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_the_page_resumes_after_a_dropped_connection(api: Api, browser: Browser) -> None:
+    """The server goes away mid-turn, answers 503 for a while, and comes back on the same
+    port: the page says it is reconnecting, then resumes after its last seq, no text twice."""
+    gate = api.h.gate_file("drop")
+    sid = await api.session(
+        [
+            {"text": "Before the drop.", "chunks": 4},
+            {"wait_for_file": gate},
+            {"text": " After it.", "chunks": 3},
+        ]
+    )
+    settings = ApiSettings(port=0, temporal_ui=UI)
+    sock = listen(settings)
+    again = settings.model_copy(update={"port": sock.getsockname()[1]})
+    page = await browser.new_page()
+    try:
+        async with running_api(api.h.client, settings, sock=sock) as url:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await page.fill("#prompt textarea", "Go")
+            await page.click("#send")
+            text = page.locator(".assistant .text").first
+            await expect(text).to_have_text("Before the drop.")
+        await expect(page.locator("#state")).to_have_text("reconnecting")
+        api.h.open_gate("drop")  # the turn goes on while the page is away
+        await api.h.client.wait_idle(sid)
+        # A retry answered with an error makes the browser give up on the stream for good;
+        # the page starts a new one.
+        async with refusing(again.port) as refused:
+            await refused.wait()
+        async with running_api(api.h.client, again, sock=listen(again)):
+            parts = page.locator(".assistant .text")
+            await expect(parts).to_have_text(["Before the drop.", "After it."])
+            await expect(page.locator("#state")).to_have_text("idle")
+            await expect(page.locator(".marker.succeeded")).to_have_count(1)
+    finally:
+        await page.close()
+
+
+@asynccontextmanager
+async def refusing(port: int) -> AsyncIterator[asyncio.Event]:
+    """What a proxy says while its upstream is down: 503 to every request on ``port``."""
+    refused = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n")
+        writer.write(b"Connection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        refused.set()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", port, reuse_address=True)
+    try:
+        yield refused
+    finally:
+        server.close()
+        await server.wait_closed()

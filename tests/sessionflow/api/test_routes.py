@@ -82,7 +82,7 @@ async def test_resume_returns_the_outcome_or_202_while_it_runs(api: Api) -> None
     assert done.status_code == 200, done.text
     assert done.json()["done"] is True
     # The first request's busy period, joined; or, had it already ended, a fresh one.
-    assert done.json()["outcome"]["type"] == "succeeded"
+    assert done.json()["outcome"]["type"] == "succeeded", done.json()
 
 
 async def test_interrupt_and_status(api: Api) -> None:
@@ -118,6 +118,10 @@ async def test_openapi_docs_and_health(api: Api) -> None:
         "/sessions/{session_id}/status",
         "/sessions/{session_id}/events",
         "/sessions/{session_id}/compact",
+        "/sessions/{session_id}/waiting",
+        "/sessions/{session_id}/requests/{request_id}/reply",
+        "/sessions/{session_id}/requests/{request_id}/answer",
+        "/sessions/{session_id}/agent",
     } <= paths
     assert "ErrorBody" in schema["components"]["schemas"]
     assert (await api.http.get("/docs")).status_code == 200
@@ -125,6 +129,7 @@ async def test_openapi_docs_and_health(api: Api) -> None:
         "store": True,
         "temporal": True,
         "streams": 0,
+        "followers": 0,
     }
 
 
@@ -144,8 +149,19 @@ ROUTES = [
     ("GET", "/sessions/{}/events"),
     ("POST", "/sessions/{}/prompt"),
     ("POST", "/sessions/{}/resume"),
+    ("POST", "/sessions/{}/interrupt"),
+    ("POST", "/sessions/{}/compact"),
+    ("GET", "/sessions/{}/waiting"),
+    ("POST", "/sessions/{}/requests/req_1/reply"),
+    ("POST", "/sessions/{}/requests/req_1/answer"),
+    ("POST", "/sessions/{}/agent"),
 ]
-BODIES = {"/sessions/{}/prompt": {"text": "hi"}}
+BODIES = {
+    "/sessions/{}/prompt": {"text": "hi"},
+    "/sessions/{}/requests/req_1/reply": {"decision": "once"},
+    "/sessions/{}/requests/req_1/answer": {"text": "yes"},
+    "/sessions/{}/agent": {"agent": "plan"},
+}
 
 HOSTILE = [
     "' OR 1=1 --",
@@ -165,7 +181,7 @@ async def test_hostile_ids_are_refused_at_the_edge(api: Api) -> None:
     sid = await api.session([{"text": "x"}])
     before = await api.h.events(sid)
     for hostile in HOSTILE:
-        for method, path in [*ROUTES, ("POST", "/sessions/{}/interrupt")]:
+        for method, path in ROUTES:
             answer = await api.http.request(method, path.format(hostile), json=BODIES.get(path))
             # An id that is not one path segment (an encoded slash) never reaches a route.
             if answer.status_code == 404:
