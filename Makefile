@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/store.py
 	$(PY) bench/drain.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(if $(BENCH_POSTGRES_URL),SESSIONFLOW_BENCH_POSTGRES_URL=$(BENCH_POSTGRES_URL)) $(PY) bench/api.py
+	$(PY) bench/long_session.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow
