@@ -134,7 +134,8 @@ async def main() -> None:
     print(
         f"  small window: {small.wall_s:.1f} s wall, {small.compactions} compactions taking "
         f"{1000 * small.compacting_s:.0f} ms in all "
-        f"({100 * small.compacting_s / small.wall_s:.1f} % of the wall time), {small.requests} steps"
+        f"({100 * small.compacting_s / small.wall_s:.1f} % of the wall time), "
+        f"{small.requests} steps"
     )
     print(
         f"  no limits:    {plain.wall_s:.1f} s wall, {plain.compactions} compactions, "
