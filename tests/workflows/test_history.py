@@ -62,6 +62,23 @@ async def test_a_fresh_history_replays_and_its_payloads_stay_small(h: Harness) -
         (HISTORIES / "representative.json").write_text(json.dumps(history.to_json_dict()))
 
 
+async def test_a_history_with_a_person_answering_replays(h: Harness) -> None:
+    """Catalogue C10: a call that waits for approval (a durable wait in the workflow, then an
+    update answering it) replays; recorded as ``approval.json`` with the representative one."""
+    from tests.workflows.test_permissions import asked
+
+    sid = await h.session([call("b1", "bash", command="touch a")], [{"text": "done"}])
+    await h.client.prompt(sid, "Go")
+    (request,) = await asked(h, sid)
+    await h.client.respond(sid, request.request_id, "once")
+    await h.client.wait_idle(sid, timeout=60)
+    history = await h.client._handle(sid).fetch_history()
+    await replayer(SessionWorkflow).replay_workflow(history)
+    assert (h.workspace / "a").exists()
+    if os.environ.get("SESSIONFLOW_RECORD_HISTORIES"):
+        (HISTORIES / "approval.json").write_text(json.dumps(history.to_json_dict()))
+
+
 def _payload_sizes(node: Any) -> list[int]:
     """Sizes of every payload's data (base64 in the JSON form) anywhere in an event."""
     if isinstance(node, dict):
