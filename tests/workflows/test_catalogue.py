@@ -326,3 +326,31 @@ async def test_an_event_loop_stalled_past_its_lease_fences_its_worker(
     [settled] = [e for e in log if e.data.type in TOOL_TERMINALS]
     assert (settled.data.type, settled.execution_id) == ("session.tool.failed", successor)
     assert types[-1] == "session.execution.succeeded"
+
+
+@pytest.mark.parametrize("cap", [1, 4, 8])
+async def test_fifty_calls_run_at_most_cap_at_once_and_settle_in_call_order(
+    h: Harness, cap: int
+) -> None:
+    """S10: 50 tool calls in one turn with a cap of 1, 4 and 8. The gate tool counts how many
+    run at once: exactly ``cap`` (held until the test saw it), never more; every call settles
+    once; whatever order they finish in, the assistant message and the next request list the
+    results by call index."""
+    gate = h.gate_file("fifty")
+    calls = [call(f"call_{i:02d}", "gate", text=str(i), gate=gate) for i in range(50)]
+    sid = await h.session(calls, [{"text": "all settled"}], max_active_tools=cap)
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == cap, timeout=30)
+    h.open_gate("fifty")
+    await h.client.wait_idle(sid, timeout=120)
+    log = await final_log(h.store, sid)
+    assert_clean(log)
+    assert h.gate.peak == cap
+    settled = [e.data.call_id for e in log if e.data.type in TOOL_TERMINALS]
+    assert sorted(settled) == [f"call_{i:02d}" for i in range(50)]
+    assistant = next(m for m in await h.store.sessions.messages(sid) if m.type == "assistant")
+    parts = [getattr(part, "call_id", None) for part in assistant.content]
+    assert [p for p in parts if p] == [f"call_{i:02d}" for i in range(50)]
+    results = [m for m in h.requests()[-1]["messages"] if m["role"] == "tool"]
+    ids = [part.get("call_id") or part.get("id") for m in results for part in m["content"]]
+    assert ids == [f"call_{i:02d}" for i in range(50)], ids[:5]
