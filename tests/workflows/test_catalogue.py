@@ -354,3 +354,31 @@ async def test_fifty_calls_run_at_most_cap_at_once_and_settle_in_call_order(
     results = [m for m in h.requests()[-1]["messages"] if m["role"] == "tool"]
     ids = [part.get("call_id") or part.get("id") for m in results for part in m["content"]]
     assert ids == [f"call_{i:02d}" for i in range(50)], ids[:5]
+
+
+async def test_a_prompt_sent_three_times_at_once_is_one_message_in_one_run(h: Harness) -> None:
+    """S9: the same prompt (one input id) sent three times at once through the client, each
+    admitting it and waking the session (signal-with-start): one admission, one user message,
+    one model request, and every wake lands in the one workflow run the first started."""
+    sid = await h.session([{"text": "once"}], [{"text": "a second answer nobody asked for"}])
+    receipts = await asyncio.gather(
+        *(h.client.prompt(sid, "Go", input_id="msg_dup") for _ in range(3))
+    )
+    await h.client.wait_idle(sid, timeout=30)
+    assert {r.id for r in receipts} == {"msg_dup"}
+    assert len({r.admitted_seq for r in receipts}) == 1
+    types = await h.types(sid)
+    assert types.count("session.prompt.admitted") == 1
+    users = [m for m in await h.store.sessions.messages(sid) if m.type == "user"]
+    assert [m.text for m in users] == ["Go"]
+    assert len(h.requests()) == 1
+    handle = h.client._handle(sid)
+    described = await handle.describe()
+    history = await handle.fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    assert described.run_id == started.first_execution_run_id  # one run, the first
+    signals = [
+        e for e in history.events if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    names = [s.workflow_execution_signaled_event_attributes.signal_name for s in signals]
+    assert names == ["wake", "wake", "wake"]  # all three wakes reached the one run
