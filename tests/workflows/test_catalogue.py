@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -382,3 +383,62 @@ async def test_a_prompt_sent_three_times_at_once_is_one_message_in_one_run(h: Ha
     ]
     names = [s.workflow_execution_signaled_event_attributes.signal_name for s in signals]
     assert names == ["wake", "wake", "wake"]  # all three wakes reached the one run
+
+
+@pytest.mark.fault
+async def test_a_deploy_during_tools_reruns_the_safe_call_and_settles_the_other(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """C8: SIGTERM (a deploy, 1 s of grace) of the worker running two tools, another worker on
+    the queue. The worker stops within its grace and exits 0; the retry-safe call runs again on
+    the other worker and succeeds, the other (``sleep`` is not retry-safe) is settled failed and
+    the model told; the busy period finishes under its one claim. On PostgreSQL, the store
+    worker processes share in production (the case is the workflow's and the worker's)."""
+    store = await postgres_target.open()
+    try:
+        await _deploy_during_tools(temporal_env, store, postgres_target, tmp_path, workers)
+    finally:
+        await store.close()
+
+
+async def _deploy_during_tools(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    gate = str(tmp_path / "tools-go")
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        first = WorkerProcess(
+            temporal_env, target, h.client.task_queue, SESSIONFLOW_TEST_GRACE_S="1"
+        )
+        workers.append(first)
+        await first.ready()
+        sid = await h.session(
+            [call("safe", "gate", text="ran", gate=gate), call("unsafe", "sleep", until_file=gate)],
+            [{"text": "both settled"}],
+        )
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _running(h, sid, 2), timeout=30)
+        second = WorkerProcess(temporal_env, target, h.client.task_queue)
+        workers.append(second)
+        await second.ready()
+        first.signal(signal.SIGTERM)
+        assert await first.exited() == 0
+        Path(gate).touch()
+        await h.client.wait_idle(sid, timeout=90)
+        log = await final_log(store, sid)
+    assert_clean(log)
+    outcomes = {e.data.call_id: e.data.type for e in log if e.data.type in TOOL_TERMINALS}
+    assert outcomes == {"safe": "session.tool.success", "unsafe": "session.tool.failed"}
+    assert [e.data.type for e in log][-1] == "session.execution.succeeded"
+    assert len({(e.execution_id, e.epoch) for e in log if e.execution_id}) == 1
+
+
+async def _running(h: Harness, sid: str, count: int) -> bool:
+    status = await h.client.status(sid)
+    return status.drain is not None and len(status.drain.running_tools) >= count
