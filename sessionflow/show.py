@@ -24,6 +24,12 @@ class Transcript:
             self.console.print(f"[bold cyan]you[/] {escape(self._cut(message.text))}")
         elif message.type == "assistant":
             self._assistant(message)
+        elif message.type == "compaction":
+            summary = escape(self._cut(message.summary)) if message.summary else ""
+            self.console.print(
+                f"[yellow]compaction[/] [dim]{message.reason} · {message.status}[/] {summary}",
+                highlight=False,
+            )
         else:
             text = escape(self._cut(getattr(message, "text", "")))
             self.console.print(f"[dim]{message.type}[/] {text}", highlight=False)

@@ -219,6 +219,28 @@ class Renderer:
         error = data["error"]
         self._line(f"[red]step failed[/] [dim]{error['type']}[/] {escape(error['message'])}")
 
+    def _compaction_started(self, data: dict[str, Any]) -> None:
+        why = "manual" if data.get("input_id") else "auto"
+        self._line(f"[bold yellow]compacting[/] [dim]({why}): the summary as it is written[/]")
+
+    def _compaction_delta(self, data: dict[str, Any]) -> None:
+        self._write(data["delta"], style="dim")
+
+    def _compaction_ended(self, data: dict[str, Any]) -> None:
+        self._end_line()
+        self._line(
+            f"[yellow]✓ compacted[/] [dim]{len(data.get('summary', ''))} characters of summary[/]"
+        )
+
+    def _compaction_failed(self, data: dict[str, Any]) -> None:
+        self._end_line()
+        error = data.get("error") or {}
+        self._line(f"[red]compaction failed[/] {escape(str(error.get('message', '')))}")
+
+    def _instructions_updated(self, data: dict[str, Any]) -> None:
+        first = (str(data.get("text", "")).splitlines() or [""])[0]
+        self._line(f"[dim]system[/] {escape(first)}")
+
     def _permission_asked(self, data: dict[str, Any]) -> None:
         request = data.get("request") or {}
         rid = escape(str(request.get("request_id", "?")))

@@ -309,6 +309,11 @@ async def test_compact_through_the_cli(cli: tuple[Cli, Harness]) -> None:
         "completed",
         "cli summary",
     )
+    shown = await run.run("show", sid)
+    assert "compaction manual · completed cli summary" in shown.stdout, shown.stdout
+    watched = await run.run("watch", sid, "--until-idle")
+    assert "compacting (manual)" in watched.stdout and "cli summary" in watched.stdout
+    assert "✓ compacted 11 characters of summary" in watched.stdout, watched.stdout
     missing = await run.run("compact", "ses_missing")
     assert missing.returncode == 1 and "ses_missing" in missing.stderr
 
