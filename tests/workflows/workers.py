@@ -33,7 +33,11 @@ class WorkerProcess:
 
     async def ready(self) -> None:
         assert self.process.stdout is not None
-        line = await asyncio.to_thread(self.process.stdout.readline)
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline), 60)
+        except TimeoutError:
+            self.stop()
+            raise AssertionError("the worker process did not report ready within 60 s") from None
         assert line.strip() == b"ready", line
 
     async def exited(self) -> int:
