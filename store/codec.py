@@ -73,13 +73,14 @@ def _strings(value: Any, change: Any) -> Any:
     return value
 
 
-def dump_model(model: BaseModel) -> str:
-    """A model as stored JSON. pydantic's serializer is the fast path; it refuses lone
-    surrogates, and only then does the model go through ``dumps``."""
+def dump_model(model: BaseModel, *, exclude: set[str] | None = None) -> str:
+    """A model as stored JSON (without the fields in ``exclude``). pydantic's serializer is
+    the fast path; it refuses lone surrogates, and only then does the model go through
+    ``dumps``."""
     try:
-        return model.model_dump_json()
+        return model.model_dump_json(exclude=exclude)
     except ValueError:
-        return dumps(model.model_dump(mode="json"))
+        return dumps(model.model_dump(mode="json", exclude=exclude))
 
 
 def loads(text: str | bytes) -> Any:

@@ -7,11 +7,12 @@ the event id.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
 
 from sessionflow.errors import InvalidDurableEventError, LifecycleConflictError
 from sessionflow.models import events as ev
@@ -19,6 +20,7 @@ from sessionflow.models.common import Tokens
 from sessionflow.models.messages import (
     MESSAGE_ADAPTER,
     AssistantMessage,
+    AssistantPart,
     CompactionMessage,
     ReasoningPart,
     RetryInfo,
@@ -38,7 +40,7 @@ from store.db import Connection, Tx
 from store.dialect import DialectName, insert
 from store.events import EventStore, StoredEvent
 from store.prepared import Prepared
-from store.schema import input_table, message_table, session_table
+from store.schema import input_table, message_table, part_table, session_table
 
 E = TypeVar("E", bound=ev.Event)
 Handler = Callable[[Tx, StoredEvent, Any], Awaitable[None]]
@@ -158,15 +160,26 @@ _TOUCH = Prepared(
 
 
 # A transaction's messages (its unit of work, in ``Tx.cache``): a batch of events touching one
-# message reads it once and writes it once, just before the commit.
+# message reads it once and writes what changed once, just before the commit. An assistant
+# message is stored as its own row (the message without its parts) and one row per part
+# (``session_part``), so an event that changes one part writes that part alone.
 _MESSAGES = "projector.messages"
 
+PART_ADAPTER: TypeAdapter[TextPart | ReasoningPart | ToolPart] = TypeAdapter(AssistantPart)
 
-MESSAGE_DATA = Prepared(
-    lambda _dialect: sa.select(message_table.c.data).where(
-        message_table.c.id == sa.bindparam("mid"),
-        message_table.c.session_id == sa.bindparam("sid"),
-    )
+# A message and its parts in one statement: the message row first (position -1), then its
+# parts in order.
+MESSAGE_WITH_PARTS = Prepared(
+    lambda _dialect: sa.union_all(
+        sa.select(sa.literal_column("-1").label("position"), message_table.c.data).where(
+            message_table.c.id == sa.bindparam("mid"),
+            message_table.c.session_id == sa.bindparam("sid"),
+        ),
+        sa.select(part_table.c.position, part_table.c.data).where(
+            part_table.c.message_id == sa.bindparam("mid"),
+            part_table.c.session_id == sa.bindparam("sid"),
+        ),
+    ).order_by(sa.literal_column("position"))
 )
 _INSERT_MESSAGE = Prepared(
     lambda dialect: (
@@ -186,7 +199,7 @@ _INSERT_MESSAGE = Prepared(
 )
 _LATEST_ASSISTANT = Prepared(
     lambda _dialect: (
-        sa.select(message_table.c.id, message_table.c.data)
+        sa.select(message_table.c.id)
         .where(message_table.c.session_id == sa.bindparam("sid"))
         .where(message_table.c.type == "assistant")
         .order_by(message_table.c.seq.desc())
@@ -202,10 +215,28 @@ _WRITE_BACK = Prepared(
 )
 
 
+def _write_part_statement(dialect: DialectName) -> Any:
+    statement = insert(dialect, part_table).values(
+        message_id=sa.bindparam("mid"),
+        position=sa.bindparam("position"),
+        session_id=sa.bindparam("sid"),
+        call_id=sa.bindparam("call_id"),
+        data=sa.bindparam("body"),
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[part_table.c.message_id, part_table.c.position],
+        set_={"call_id": statement.excluded.call_id, "data": statement.excluded.data},
+    )
+
+
+_WRITE_PART = Prepared(_write_part_statement)
+
+
 @dataclass
 class _Loaded:
     message: Any
-    updated: int | None = None  # time_updated to write back; None while unchanged
+    updated: int | None = None  # time_updated to write with the message row, once it changed
+    changed_parts: set[int] = field(default_factory=set)  # positions in an assistant's content
 
 
 def _messages(tx: Tx) -> dict[str, _Loaded]:
@@ -217,15 +248,45 @@ def _messages(tx: Tx) -> dict[str, _Loaded]:
 
 
 async def _write_back(tx: Tx) -> None:
-    """Write every changed message of ``tx`` (they stay cached, now unchanged)."""
+    """Write what changed of every message of ``tx`` (they stay cached, now unchanged)."""
     for entry in _messages(tx).values():
-        if entry.updated is None:
-            continue
         message = entry.message
-        data = codec.dump_model(message)
-        params = {"mid": message.id, "updated": entry.updated, "body": data}
-        await _WRITE_BACK.rows(tx.conn, tx.dialect, params)
-        entry.updated = None
+        if entry.updated is not None:
+            params = {"mid": message.id, "updated": entry.updated, "body": _message_row(message)}
+            await _WRITE_BACK.rows(tx.conn, tx.dialect, params)
+            entry.updated = None
+        if entry.changed_parts:
+            parts = [_part_row(message, position) for position in sorted(entry.changed_parts)]
+            await _WRITE_PART.many(tx.conn, tx.dialect, parts)
+            entry.changed_parts.clear()
+
+
+def _message_row(message: Any) -> str:
+    """A message as its own row stores it: an assistant message without its parts."""
+    if isinstance(message, AssistantMessage):
+        return codec.dump_model(message, exclude={"content"})
+    return codec.dump_model(message)
+
+
+def _part_row(message: AssistantMessage, position: int) -> dict[str, Any]:
+    part = message.content[position]
+    return {
+        "mid": message.id,
+        "position": position,
+        "sid": message.session_id,
+        "call_id": part.call_id if isinstance(part, ToolPart) else None,
+        "body": codec.dump_model(part),
+    }
+
+
+def assemble(rows: Sequence[Any]) -> Any:
+    """A message from ``MESSAGE_WITH_PARTS``'s rows, or None when there is none."""
+    if not rows or rows[0][0] != -1:
+        return None
+    message = codec.load_model(MESSAGE_ADAPTER, rows[0][1])
+    if isinstance(message, AssistantMessage):
+        message.content = [codec.load_model(PART_ADAPTER, data) for _, data in rows[1:]]
+    return message
 
 
 async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
@@ -235,15 +296,24 @@ async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
         "kind": message.type,
         "message_seq": message.seq,
         "created": stored.created,
-        "body": codec.dump_model(message),
+        "body": _message_row(message),
     }
     if await _INSERT_MESSAGE.first(tx.conn, tx.dialect, params) is None:
         raise LifecycleConflictError(message.id, "a message with this id already exists")
+    # A new assistant message has no parts yet.
     _messages(tx)[message.id] = _Loaded(message)
 
 
 async def _save_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
-    _messages(tx)[message.id] = _Loaded(message, stored.created)
+    """``message`` itself changed (not only one of its parts)."""
+    _messages(tx)[message.id].updated = stored.created
+
+
+def _save_part(tx: Tx, message: AssistantMessage, part: Any) -> None:
+    """``part`` of ``message`` changed or is new: only its row is written."""
+    content = message.content
+    position = next(i for i in range(len(content) - 1, -1, -1) if content[i] is part)
+    _messages(tx)[message.id].changed_parts.add(position)
 
 
 async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
@@ -252,11 +322,10 @@ async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
     entry = loaded.get(message_id)
     if entry is not None:
         return entry.message if entry.message.session_id == session_id else None
-    row = await MESSAGE_DATA.first(tx.conn, tx.dialect, {"mid": message_id, "sid": session_id})
-    if row is None:
-        return None
-    message = codec.load_model(MESSAGE_ADAPTER, row[0])
-    loaded[message_id] = _Loaded(message)
+    params = {"mid": message_id, "sid": session_id}
+    message = assemble(await MESSAGE_WITH_PARTS.rows(tx.conn, tx.dialect, params))
+    if message is not None:
+        loaded[message_id] = _Loaded(message)
     return message
 
 
@@ -266,13 +335,8 @@ async def _latest_assistant(tx: Tx, session_id: str) -> AssistantMessage | None:
     row = await _LATEST_ASSISTANT.first(tx.conn, tx.dialect, {"sid": session_id})
     if row is None:
         return None
-    message_id, data = row
-    entry = _messages(tx).get(message_id)
-    if entry is not None:
-        cached: AssistantMessage = entry.message
-        return cached
-    message = AssistantMessage.model_validate(codec.loads(data))
-    _messages(tx)[message_id] = _Loaded(message)
+    message = await load_message(tx, session_id, row[0])
+    assert isinstance(message, AssistantMessage), row[0]
     return message
 
 
@@ -595,15 +659,13 @@ async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.SessionEventBa
 @handles(ev.TextStarted, ev.TextEnded)
 async def _text(tx: Tx, stored: StoredEvent, event: ev.TextStarted | ev.TextEnded) -> None:
     message = await _assistant(tx, event)
-    if isinstance(event, ev.TextStarted):
-        message.content.append(TextPart(ordinal=event.ordinal))
-    else:
-        part = _latest(message, TextPart, event.ordinal)
-        if part is None:
-            message.content.append(TextPart(ordinal=event.ordinal, text=event.text))
-        else:
-            part.text = event.text
-    await _save_message(tx, stored, message)
+    part = None if isinstance(event, ev.TextStarted) else _latest(message, TextPart, event.ordinal)
+    if part is None:
+        part = TextPart(ordinal=event.ordinal)
+        message.content.append(part)
+    if isinstance(event, ev.TextEnded):
+        part.text = event.text
+    _save_part(tx, message, part)
 
 
 @handles(ev.ReasoningStarted, ev.ReasoningEnded)
@@ -620,7 +682,7 @@ async def _reasoning(
     part.state = event.state if event.state is not None else part.state
     if isinstance(event, ev.ReasoningEnded):
         part.text, part.time_completed = event.text, stored.created
-    await _save_message(tx, stored, message)
+    _save_part(tx, message, part)
 
 
 P = TypeVar("P", TextPart, ReasoningPart)
@@ -657,7 +719,7 @@ async def _tool(tx: Tx, stored: StoredEvent, event: Any) -> None:
     if part is None:
         raise InvalidDurableEventError(f"Unknown tool call: {event.call_id}")
     if _apply_tool(part, event, stored.created):
-        await _save_message(tx, stored, message)
+        _save_part(tx, message, part)
 
 
 def _apply_tool(part: ToolPart, event: Any, now: int) -> bool:
@@ -708,7 +770,7 @@ async def _permission(tx: Tx, stored: StoredEvent, event: Any) -> None:
     part = message.tool(call_id) if isinstance(message, AssistantMessage) else None
     if part is not None and isinstance(part.state, ToolRunning):
         part.state.asked = request
-        await _save_message(tx, stored, message)
+        _save_part(tx, message, part)
     if isinstance(event, ev.PermissionReplied) and event.rules:
         await _add_always_rules(tx, event)
 

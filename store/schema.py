@@ -86,6 +86,33 @@ class MessageRow(Base):
     )
 
 
+class PartRow(Base):
+    """One part of an assistant message, at its position in the message's content.
+
+    An assistant message's own row holds the message without its parts: an event writes the
+    part it changed (and the small message row), never the whole message, so a write's cost
+    does not grow with the step.
+    """
+
+    __tablename__ = "session_part"
+
+    message_id: Mapped[Id] = mapped_column(
+        sa.ForeignKey("session_message.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    session_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("session.id", ondelete="CASCADE")
+    )
+    # A tool part's call id (provider call ids have no length limit), None for other parts.
+    call_id: Mapped[str | None] = mapped_column(sa.Text)
+    data: Mapped[JsonText]
+
+    __table_args__ = (
+        sa.Index(None, "session_id", "message_id", "position"),
+        sa.Index(None, "message_id", "call_id"),
+    )
+
+
 class InputRow(Base):
     __tablename__ = "session_input"
 
@@ -205,6 +232,7 @@ class ToolRunRow(Base):
 
 session_table = cast(sa.Table, SessionRow.__table__)
 message_table = cast(sa.Table, MessageRow.__table__)
+part_table = cast(sa.Table, PartRow.__table__)
 input_table = cast(sa.Table, InputRow.__table__)
 sequence_table = cast(sa.Table, EventSequenceRow.__table__)
 event_table = cast(sa.Table, EventRow.__table__)

@@ -14,13 +14,13 @@ from sessionflow.ids import session_id as new_session_id
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, Tokens
-from sessionflow.models.messages import MESSAGE_ADAPTER, Message, ToolPart
+from sessionflow.models.messages import MESSAGE_ADAPTER, AssistantMessage, Message, ToolPart
 from store import codec
 from store.db import Database, Tx
 from store.events import EventStore
 from store.prepared import Prepared
-from store.projector import MESSAGE_DATA
-from store.schema import message_table, session_table
+from store.projector import PART_ADAPTER
+from store.schema import message_table, part_table, session_table
 
 DEFAULT_LIST_LIMIT = 100
 _s = session_table.c
@@ -123,12 +123,13 @@ class Sessions:
     async def tool_part(self, session_id: str, message_id: str, call_id: str) -> ToolPart | None:
         """The latest tool part of ``call_id`` in an assistant message (None if there is none).
 
-        Validates that one part, not the whole message: a tool activity needs only its call.
+        Reads and validates that one part, not the whole message: a tool activity needs only
+        its call.
         """
-        params = {"mid": message_id, "sid": session_id}
+        params = {"mid": message_id, "sid": session_id, "cid": call_id}
         async with self.db.read(single=True) as conn:
-            row = await MESSAGE_DATA.first(conn, self.db.dialect, params)
-        return _tool_part(None if row is None else row[0], call_id)
+            row = await _TOOL_PART.first(conn, self.db.dialect, params)
+        return _tool_part(None if row is None else row[0])
 
     async def tool_call(
         self, session_id: str, message_id: str, call_id: str
@@ -136,54 +137,73 @@ class Sessions:
         """The session and ``tool_part`` of one call, in one statement (what a tool activity
         reads before it runs)."""
         validate_id(session_id)
-        params = {"sid": session_id, "mid": message_id}
+        params = {"sid": session_id, "mid": message_id, "cid": call_id}
         async with self.db.read(single=True) as conn:
-            row = await _SESSION_AND_MESSAGE.first(conn, self.db.dialect, params)
+            row = await _SESSION_AND_TOOL_PART.first(conn, self.db.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
         *columns, data = row
         info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
-        return info, _tool_part(data, call_id)
+        return info, _tool_part(data)
 
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)
         async with self.db.read(single=True) as conn:
             rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
-        return [codec.load_model(MESSAGE_ADAPTER, data) for (data,) in rows]
+        messages: builtins.list[Message] = []
+        for _seq, position, data in rows:  # each message, then its parts (one snapshot)
+            if position == -1:
+                messages.append(codec.load_model(MESSAGE_ADAPTER, data))
+                continue
+            owner = messages[-1]
+            assert isinstance(owner, AssistantMessage), owner.id
+            owner.content.append(codec.load_model(PART_ADAPTER, data))
+        return messages
 
 
 _SESSION_COLUMNS = tuple(c.name for c in session_table.columns)
 _SESSION = Prepared(lambda _dialect: sa.select(session_table).where(_s.id == sa.bindparam("sid")))
+_m, _p = message_table.c, part_table.c
+# Every message in seq order, each followed by its parts in order, in one statement.
 _MESSAGES = Prepared(
-    lambda _dialect: (
-        sa.select(message_table.c.data)
-        .where(message_table.c.session_id == sa.bindparam("sid"))
-        .order_by(message_table.c.seq)
+    lambda _dialect: sa.union_all(
+        sa.select(_m.seq, sa.literal_column("-1").label("position"), _m.data).where(
+            _m.session_id == sa.bindparam("sid")
+        ),
+        sa.select(_m.seq, _p.position, _p.data)
+        .join_from(part_table, message_table, _p.message_id == _m.id)
+        .where(_p.session_id == sa.bindparam("sid")),
+    ).order_by(sa.literal_column("seq"), sa.literal_column("position"))
+)
+
+
+def _tool_part_query() -> Any:
+    return (
+        sa.select(part_table.c.data)
+        .where(
+            part_table.c.message_id == sa.bindparam("mid"),
+            part_table.c.session_id == sa.bindparam("sid"),
+            part_table.c.call_id == sa.bindparam("cid"),
+        )
+        .order_by(part_table.c.position.desc())
+        .limit(1)
+    )
+
+
+_TOOL_PART = Prepared(lambda _dialect: _tool_part_query())
+_SESSION_AND_TOOL_PART = Prepared(
+    lambda _dialect: sa.select(session_table, _tool_part_query().scalar_subquery()).where(
+        _s.id == sa.bindparam("sid")
     )
 )
 
-_SESSION_AND_MESSAGE = Prepared(
-    lambda _dialect: sa.select(
-        session_table,
-        sa.select(message_table.c.data)
-        .where(
-            message_table.c.id == sa.bindparam("mid"),
-            message_table.c.session_id == sa.bindparam("sid"),
-        )
-        .scalar_subquery(),
-    ).where(_s.id == sa.bindparam("sid"))
-)
 
-
-def _tool_part(encoded: str | None, call_id: str) -> ToolPart | None:
-    data = None if encoded is None else codec.loads(encoded)
-    if not isinstance(data, dict) or data.get("type") != "assistant":
+def _tool_part(encoded: str | None) -> ToolPart | None:
+    if encoded is None:
         return None
-    for part in reversed(data.get("content", ())):
-        if part.get("type") == "tool" and part.get("call_id") == call_id:
-            return ToolPart.model_validate(part)
-    return None
+    part = codec.load_model(PART_ADAPTER, encoded)
+    return part if isinstance(part, ToolPart) else None
 
 
 def _info(row: Any) -> SessionInfo:
