@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) bench/store.py
 	$(PY) bench/drain.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(if $(BENCH_POSTGRES_URL),SESSIONFLOW_BENCH_POSTGRES_URL=$(BENCH_POSTGRES_URL)) $(PY) bench/api.py
+	$(PY) bench/writes.py $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/long_session.py
 
 clean:
