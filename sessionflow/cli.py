@@ -146,7 +146,9 @@ def _failure(error: Exception) -> typer.Exit:
         StoreUnavailableError,
     )
 
-    if isinstance(error, NoWorkerError | StoreUnavailableError):
+    from sessionflow.devstack import StackError
+
+    if isinstance(error, NoWorkerError | StoreUnavailableError | StackError):
         return fail(str(error), UNREACHABLE)
     if isinstance(error, NotFoundError):
         return fail(f"{error} ({Options.where()})")

@@ -307,6 +307,16 @@ def stop_server(state_dir: Path, port: int | str) -> bool:
 async def run_dev(console: Console, options: StackOptions) -> None:
     """``sessionflow dev``: the dev server (reused or started), a worker, the store; Ctrl-C
     stops the worker and, if this started it, the server."""
+    # Ctrl-C from here on stops everything in order, whenever it comes.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # The server first: a port that cannot be used is refused before the worker, the store and
+    # the API are even imported.
+    server, client = await ensure_server(
+        options.address, ui_port=options.ui_port, state_dir=options.state_dir
+    )
     from sessionflow.api.serve import dev_api
     from sessionflow.logs import quiet_expected_failures
     from sessionflow.models.drain import TASK_QUEUE
@@ -316,14 +326,6 @@ async def run_dev(console: Console, options: StackOptions) -> None:
 
     quiet_expected_failures()
     task_queue = options.task_queue or TASK_QUEUE
-    # Ctrl-C from here on stops everything in order, whenever it comes.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    server, client = await ensure_server(
-        options.address, ui_port=options.ui_port, state_dir=options.state_dir
-    )
     settings = Settings.from_env()
     store = await open_store(options.database_url, settings=settings)
     reaper = asyncio.create_task(reap_orphans_forever())

@@ -37,7 +37,7 @@ class Cli:
         self.cwd = cwd
 
     async def run(
-        self, *args: str, timeout: float = 60, stdin: bytes | None = None
+        self, *args: str, timeout: float = 180, stdin: bytes | None = None
     ) -> subprocess.CompletedProcess[str]:
         done = await asyncio.to_thread(
             subprocess.run,
@@ -210,7 +210,7 @@ async def test_demo_then_dev_reuse_a_server_with_its_own_ui_port_and_state_per_p
     port, state = free_port(), tmp_path / ".sessionflow"
     stack = Cli(f"127.0.0.1:{port}", None, "sessionflow-demo", cwd=tmp_path)
     try:
-        done = await stack.run("demo", timeout=120)
+        done = await stack.run("demo", timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
         ui_port = int((state / f"temporal-{port}.ui").read_text())
         session_id = next(
