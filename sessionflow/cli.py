@@ -140,13 +140,12 @@ def run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 def _failure(error: Exception) -> typer.Exit:
     """One line for every error a user can meet; a traceback only for a defect."""
+    from sessionflow.devstack import StackError
     from sessionflow.errors import (
         NotFoundError,
         NoWorkerError,
         StoreUnavailableError,
     )
-
-    from sessionflow.devstack import StackError
 
     if isinstance(error, NoWorkerError | StoreUnavailableError | StackError):
         return fail(str(error), UNREACHABLE)
