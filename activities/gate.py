@@ -103,8 +103,7 @@ class Gate:
         store = self.tools.rt.store
         seconds = request.timeout_s
         hold = int(seconds * 1000) + self.claim.lease_ms if seconds else HOLD_MS
-        async with store.claims.fenced(self.claim) as tx:
-            await store.tool_runs.check(tx, self.run)
+        async with store.claims.fenced(self.claim, run=self.run) as tx:
             asked = ev.PermissionAsked(session_id=self.claim.session_id, request=request)
             await store.events.publish(asked, id=f"evt_{request.request_id}_asked", tx=tx)
             await store.claims.extend_until(tx, self.claim, int(time.time() * 1000) + hold)
@@ -137,8 +136,7 @@ class Gate:
             rules=rules,
         )
         store = self.tools.rt.store
-        async with store.claims.fenced(self.claim) as tx:
-            await store.tool_runs.check(tx, self.run)
+        async with store.claims.fenced(self.claim, run=self.run) as tx:
             await store.events.publish(event, id=f"evt_{asked.request_id}_replied", tx=tx)
             if not await still_waiting(tx, self.claim.session_id, asked.assistant_message_id):
                 await store.claims.lease_again(tx, self.claim)

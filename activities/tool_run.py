@@ -155,10 +155,9 @@ class ToolActivities:
     ) -> ToolOutcome:
         event = _settlement(run, error, output)
         store = self.rt.store
-        async with store.claims.fenced(claim) as tx:
+        async with store.claims.fenced(claim, run=run) as tx:
             # Checked and settled in one fenced transaction: a call settles exactly once, by
             # its latest attempt.
-            await store.tool_runs.check(tx, run)
             message = await load_message(tx, claim.session_id, run.assistant_message_id)
             part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
             if part is not None and part.settled:
@@ -170,8 +169,7 @@ class ToolActivities:
 
     async def _publish(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> None:
         store = self.rt.store
-        async with store.claims.fenced(claim) as tx:
-            await store.tool_runs.check(tx, run)
+        async with store.claims.fenced(claim, run=run) as tx:
             await store.events.publish(event, tx=tx)
 
 

@@ -39,11 +39,13 @@ from sessionflow.ids import validate_id
 from store.db import Connection, Database, Stamp, Tx, retry_conflicts
 from store.dialect import DRIVER_ERRORS, DialectName, for_update, insert, is_lock_timeout, now_ms
 from store.prepared import Prepared
-from store.schema import execution_table, recovery_table, session_table
+from store.schema import execution_table, recovery_table, session_table, tool_run_table
+from store.tool_runs import ToolAttempt, ToolRuns
 
 T = TypeVar("T")
 Phase = Literal["ready", "unknown", "continue"]
 _x = execution_table.c
+_r = tool_run_table.c
 
 
 class _RowLocked(Exception):
@@ -310,15 +312,38 @@ class Claims:
         )
 
     @asynccontextmanager
-    async def fenced(self, claim: Claim, *, step_attempt: int | None = None) -> AsyncIterator[Tx]:
+    async def fenced(
+        self, claim: Claim, *, step_attempt: int | None = None, run: ToolAttempt | None = None
+    ) -> AsyncIterator[Tx]:
         """A write transaction that exists only while ``claim`` is live.
 
-        It renews first; a lost claim or a stale ``step_attempt`` raises before anything else
-        runs, and any later failure rolls back everything written inside.
+        It renews first; a lost claim, a stale ``step_attempt`` or a tool call ``run`` that a
+        later attempt took (``StaleAttemptError``) raises before anything else runs, and any
+        later failure rolls back everything written inside.
         """
         async with self.db.write(stamp=Stamp(claim.execution_id, claim.epoch)) as tx:
-            await self._renew_in(tx, claim, step_attempt)
+            if run is None:
+                await self._renew_in(tx, claim, step_attempt)
+            else:
+                await self._renew_for_run(tx, claim, run)
             yield tx
+
+    async def _renew_for_run(self, tx: Tx, claim: Claim, run: ToolAttempt) -> None:
+        """Renew, and check that ``run`` is its call's latest attempt, in one statement."""
+        params: dict[str, Any] = {
+            "sid": claim.session_id,
+            "eid": claim.execution_id,
+            "owner": claim.owner_id,
+            "epoch": claim.epoch,
+            "lease": claim.lease_ms,
+            "mid": run.assistant_message_id,
+            "cid": run.call_id,
+            "run_attempt": run.attempt,
+        }
+        if await _RENEW_RUN.first(tx.conn, tx.dialect, params) is not None:
+            return
+        await ToolRuns().check(tx, run)  # a later attempt took the call: StaleAttemptError
+        raise await self._lost(tx.conn, claim)
 
     async def run_fenced(
         self,
@@ -440,9 +465,11 @@ class Claims:
         await _CLEAR_RECOVERIES.rows(tx.conn, tx.dialect, {"sid": session_id})
 
 
-def _renew(*, attempt: bool) -> Prepared:
+def _renew(*, attempt: bool = False, run: bool = False) -> Prepared:
     """Renew a live claim (the fence of every fenced transaction), optionally moving its step
-    attempt forward: a newer attempt fences out the older one's late writes."""
+    attempt forward: a newer attempt fences out the older one's late writes. ``run``: only
+    while no later attempt of a tool call took it (``store/tool_runs.py``), in the same
+    statement."""
 
     def build(dialect: DialectName) -> Any:
         # Never shorter: a hold (``extend_until``, a call waiting for a person) outlives the
@@ -460,6 +487,14 @@ def _renew(*, attempt: bool) -> Prepared:
         if attempt:
             values["step_attempt"] = sa.bindparam("attempt")
             conditions.append(_x.step_attempt <= sa.bindparam("attempt"))
+        if run:
+            later = sa.select(_r.attempt).where(
+                _r.session_id == sa.bindparam("sid"),
+                _r.assistant_message_id == sa.bindparam("mid"),
+                _r.call_id == sa.bindparam("cid"),
+                _r.attempt > sa.bindparam("run_attempt"),
+            )
+            conditions.append(~later.exists())
         return (
             execution_table.update()
             .where(*conditions)
@@ -470,8 +505,9 @@ def _renew(*, attempt: bool) -> Prepared:
     return Prepared(build)
 
 
-_RENEW = _renew(attempt=False)
+_RENEW = _renew()
 _RENEW_ATTEMPT = _renew(attempt=True)
+_RENEW_RUN = _renew(run=True)
 _RECORD_PHASE = Prepared(
     lambda _dialect: (
         execution_table.update()

@@ -6,7 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from sessionflow.errors import StaleAttemptError
+from sessionflow.errors import ClaimLostError, StaleAttemptError
 from store import Store
 from store.claims import Claim
 from store.schema import Base
@@ -44,6 +44,25 @@ async def test_an_older_attempt_is_refused_and_writes_nothing(store: Store) -> N
         await store.tool_runs.check(tx, attempt(claim, 2))
         await store.tool_runs.check(tx, attempt(claim, 1, "call_2"))  # untaken: nothing to fence
         assert await store.tool_runs.take(tx, attempt(claim, 2)) == 2
+
+
+async def test_a_fence_for_a_call_refuses_an_older_attempt_in_its_renewal(store: Store) -> None:
+    """``fenced(claim, run=...)``: the renewal itself refuses a call that a later attempt took
+    (StaleAttemptError, nothing written), and a lost claim is still ClaimLostError."""
+    claim = await claimed(store)
+    async with store.claims.fenced(claim) as tx:
+        await store.tool_runs.take(tx, attempt(claim, 2))
+    with pytest.raises(StaleAttemptError, match="tool call_1 attempt 1 after attempt 2"):
+        async with store.claims.fenced(claim, run=attempt(claim, 1)) as tx:
+            raise AssertionError("the body of a refused fence never runs")
+    async with store.claims.fenced(claim, run=attempt(claim, 2)) as tx:
+        await store.tool_runs.check(tx, attempt(claim, 2))
+    async with store.claims.fenced(claim, run=attempt(claim, 1, "call_2")):
+        pass  # an untaken call: nothing to fence
+    await store.claims.release(claim)
+    with pytest.raises(ClaimLostError):
+        async with store.claims.fenced(claim, run=attempt(claim, 2)):
+            raise AssertionError("the body of a refused fence never runs")
 
 
 async def test_the_migrations_build_the_schema_the_models_declare(store: Store) -> None:
