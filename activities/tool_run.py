@@ -29,7 +29,7 @@ from sessionflow.models.drain import ToolInput, ToolOutcome
 from sessionflow.models.messages import AssistantMessage, ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.projector import load_message
-from store.sessions import SessionInfo
+from store.sessions import SessionInfo, StoredPart
 from store.tool_runs import ToolAttempt
 
 
@@ -55,17 +55,18 @@ class ToolActivities:
             activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
-            session, part = await self.rt.store.sessions.tool_call(
+            session, stored = await self.rt.store.sessions.tool_call(
                 claim.session_id, request.assistant_message_id, request.call_id
             )
-            if part is None:
+            if stored is None:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
+            part = stored.part
             if isinstance(part.state, ToolCompleted | ToolError):
                 return _outcome(part)
             tool = self.rt.tools.get(request.name)
             if tool is None:
                 error = SessionError(type="tool.unknown", message=f"Unknown tool: {request.name}")
-                return await self._settle(claim, run, error=error)
+                return await self._settle(claim, run, error=error, before=stored)
             gate = self.gate(session, claim, run, tool, part)
             stopped = await (gate.check() if request.reply is None else gate.replied(request.reply))
             if stopped is not None:
@@ -73,7 +74,7 @@ class ToolActivities:
             if await self._take_call(claim, run, tool):
                 return await self._settle(claim, run, error=_outcome_unknown(request.name))
             answer = request.reply.answer if request.reply is not None else None
-            return await self._execute(claim, run, tool, part, session, answer)
+            return await self._execute(claim, run, tool, stored, session, answer)
 
     def gate(
         self, session: SessionInfo, claim: Claim, run: ToolAttempt, tool: Any, part: ToolPart
@@ -98,10 +99,12 @@ class ToolActivities:
         claim: Claim,
         run: ToolAttempt,
         tool: Any,
-        part: ToolPart,
+        stored: StoredPart,
         session: SessionInfo,
         answer: str | None,
     ) -> ToolOutcome:
+        part = stored.part
+
         async def progress(structured: dict[str, Any], text: str) -> None:
             await self._publish(
                 claim,
@@ -133,17 +136,17 @@ class ToolActivities:
         except ValidationError as invalid:
             message = f"Invalid input for {tool.name}: {invalid}"
             failure = SessionError(type="tool.execution", message=message)
-            return await self._settle(claim, run, failure)
+            return await self._settle(claim, run, failure, before=stored)
         except PermissionRejected as rejected:
             failure = SessionError(type="permission.rejected", message=str(rejected))
-            return await self._settle(claim, run, failure)
+            return await self._settle(claim, run, failure, before=stored)
         except ToolFailure as refused:
             failure = SessionError(type="tool.execution", message=str(refused))
-            return await self._settle(claim, run, failure)
+            return await self._settle(claim, run, failure, before=stored)
         except Exception as defect:
             failure = SessionError(type="unknown", message=str(defect) or type(defect).__name__)
-            return await self._settle(claim, run, failure)
-        return await self._settle(claim, run, output=output)
+            return await self._settle(claim, run, failure, before=stored)
+        return await self._settle(claim, run, output=output, before=stored)
 
     async def _settle(
         self,
@@ -152,8 +155,18 @@ class ToolActivities:
         error: SessionError | None = None,
         *,
         output: ToolOutput | None = None,
+        before: StoredPart | None = None,
     ) -> ToolOutcome:
+        """Settle the call once. From ``before`` (the part as read when the call began), on
+        PostgreSQL, in one statement; else, or when the part changed meanwhile (progress, an
+        answer, another settlement), in a fenced transaction that reads it again."""
         event = _settlement(run, error, output)
+        store = self.rt.store
+        if before is None or await store.settle_call(claim, run, event, before) is None:
+            return await self._settle_reading(claim, run, event)
+        return _settled_outcome(run, error)
+
+    async def _settle_reading(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> ToolOutcome:
         store = self.rt.store
         async with store.claims.fenced(claim, run=run) as tx:
             # Checked and settled in one fenced transaction: a call settles exactly once, by
@@ -163,9 +176,7 @@ class ToolActivities:
             if part is not None and part.settled:
                 return _outcome(part)
             await store.events.publish(event, tx=tx)
-        if error is not None:
-            return ToolOutcome(call_id=run.call_id, status="error", error=error)
-        return ToolOutcome(call_id=run.call_id, status="completed")
+        return _settled_outcome(run, event.error if isinstance(event, ev.ToolFailed) else None)
 
     async def _publish(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> None:
         store = self.rt.store
@@ -175,7 +186,7 @@ class ToolActivities:
 
 def _settlement(
     run: ToolAttempt, error: SessionError | None, output: ToolOutput | None
-) -> ev.Event:
+) -> ev.ToolSucceeded | ev.ToolFailed:
     if error is not None:
         return ev.ToolFailed(
             session_id=run.session_id,
@@ -193,6 +204,12 @@ def _settlement(
         output_paths=output.output_paths,
         output=output.full_text,
     )
+
+
+def _settled_outcome(run: ToolAttempt, error: SessionError | None) -> ToolOutcome:
+    if error is not None:
+        return ToolOutcome(call_id=run.call_id, status="error", error=error)
+    return ToolOutcome(call_id=run.call_id, status="completed")
 
 
 def _outcome_unknown(name: str) -> SessionError:

@@ -7,19 +7,23 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from sessionflow.models import events as ev
 from sessionflow.models.events import Event
 from sessionflow.settings import Settings
-from store import projector
+from store import codec, projector
 from store.claims import Claim, Claims
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
 from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs
 from store.notify import Notifier
-from store.sessions import Sessions
-from store.tool_runs import ToolRuns
+from store.projector import apply_tool
+from store.sessions import Sessions, StoredPart
+from store.tool_runs import ToolAttempt, ToolRuns
 
 _tracer = trace.get_tracer("sessionflow.store")
+# The events that move one tool part along and change nothing else.
+ToolEvent = ev.ToolSucceeded | ev.ToolFailed | ev.ToolProgress
 
 
 @dataclass
@@ -82,6 +86,48 @@ class Store:
         if not appended:
             raise await self.claims.why_lost(claim, step_attempt)
         return stored
+
+    async def settle_call(
+        self, claim: Claim, run: ToolAttempt, event: ToolEvent, before: StoredPart
+    ) -> StoredEvent | None:
+        """Append ``event``, which moves the tool part ``before`` along, in one statement on
+        PostgreSQL: the fence (with ``run``'s attempt), the part's new state and the event.
+
+        None when this path does not apply and nothing was written: on SQLite, or when the
+        fence refused it or the part is no longer ``before``. The caller then takes the
+        general path (``claims.fenced`` + ``events.publish``), which says why.
+        """
+        if not isinstance(self.writer, PostgresWriter):
+            return None
+        (row,) = self.events.prepare_rows([event], Stamp(claim.execution_id, claim.epoch))
+        part = before.part.model_copy(deep=True)
+        if not apply_tool(part, event, row["created"]):
+            return None
+        params = {
+            "sid": claim.session_id,
+            "eid": claim.execution_id,
+            "owner": claim.owner_id,
+            "epoch": claim.epoch,
+            "lease": claim.lease_ms,
+            "mid": run.assistant_message_id,
+            "cid": run.call_id,
+            "run_attempt": run.attempt,
+            "position": before.position,
+            "before": before.data,
+            "part": codec.dump_model(part),
+            "id": row["id"],
+            "created": row["created"],
+            "type": row["type"],
+            "data": row["data"],
+        }
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed([row], [event]))
+
+        if not await self.writer.settle_part(params, row, announce):
+            return None
+        return stored[0]
 
     async def close(self) -> None:
         await self.notifier.close()

@@ -81,6 +81,40 @@ WITH renewed AS (
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS written
 """
 
+# A tool call's settlement (or any event that changes one tool part and nothing else): the
+# fence (with the call's attempt, as ``claims.fenced(run=...)``), the part's new state written
+# only if the part is still what the caller read, the seq and the event, in one statement.
+_PG_SETTLE = f"""
+WITH renewed AS (
+  UPDATE session_execution
+  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s)
+  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
+    AND expires_at > {_PG_NOW}
+    AND NOT EXISTS (
+      SELECT 1 FROM session_tool_run
+      WHERE session_id = %(sid)s AND assistant_message_id = %(mid)s AND call_id = %(cid)s
+        AND attempt > %(run_attempt)s
+    )
+  RETURNING 1
+), changed AS (
+  UPDATE session_part SET data = %(part)s
+  WHERE message_id = %(mid)s AND position = %(position)s AND session_id = %(sid)s
+    AND data = %(before)s AND EXISTS (SELECT 1 FROM renewed)
+  RETURNING 1
+), allocated AS (
+  INSERT INTO event_sequence (aggregate_id, seq)
+  SELECT %(sid)s, 0 FROM changed
+  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + 1
+  RETURNING seq
+), inserted AS (
+  INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
+  SELECT %(id)s, %(sid)s, seq, %(created)s, %(type)s, %(data)s, %(eid)s, %(epoch)s
+  FROM allocated
+  RETURNING seq
+)
+SELECT (SELECT seq FROM inserted)
+"""
+
 
 class SqliteWriter:
     """Fenced appends on SQLite with as little framing as possible.
@@ -332,8 +366,35 @@ class PostgresWriter:
         except psycopg.Error as error:
             _raise_typed(error, rows)
 
+    async def settle_part(
+        self, params: dict[str, Any], row: dict[str, Any], on_commit: OnCommit
+    ) -> bool:
+        """``_PG_SETTLE``: the event ``row`` and its tool part's new state, fenced, in one
+        round trip; False if the fence refused it or the part had changed (nothing written)."""
+
+        async def attempt() -> int | None:
+            try:
+                async with self._pool.connection() as conn:
+                    return await settled(_settle(conn, params, row, on_commit))
+            except psycopg.Error as error:
+                _raise_typed(error, [row])
+
+        return await retry_conflicts(attempt) is not None
+
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _settle(
+    conn: Connection, params: dict[str, Any], row: dict[str, Any], on_commit: OnCommit
+) -> int | None:
+    cursor = await conn.execute(_PG_SETTLE, params, prepare=True)
+    result = await cursor.fetchone()
+    if result is None or result[0] is None:
+        return None
+    seq = row["seq"] = int(result[0])
+    on_commit()
+    return seq
 
 
 async def _commit(

@@ -718,11 +718,11 @@ async def _tool(tx: Tx, stored: StoredEvent, event: Any) -> None:
         message.content.append(part)
     if part is None:
         raise InvalidDurableEventError(f"Unknown tool call: {event.call_id}")
-    if _apply_tool(part, event, stored.created):
+    if apply_tool(part, event, stored.created):
         _save_part(tx, message, part)
 
 
-def _apply_tool(part: ToolPart, event: Any, now: int) -> bool:
+def apply_tool(part: ToolPart, event: Any, now: int) -> bool:
     """Move a tool part along pending -> running -> completed | error; settled parts stay."""
     state = part.state
     if isinstance(event, ev.ToolInputEnded) and isinstance(state, ToolPending):

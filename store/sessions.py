@@ -133,18 +133,19 @@ class Sessions:
 
     async def tool_call(
         self, session_id: str, message_id: str, call_id: str
-    ) -> tuple[SessionInfo, ToolPart | None]:
-        """The session and ``tool_part`` of one call, in one statement (what a tool activity
-        reads before it runs)."""
+    ) -> tuple[SessionInfo, StoredPart | None]:
+        """The session and the latest tool part of one call as stored, in one statement (what
+        a tool activity reads before it runs)."""
         validate_id(session_id)
         params = {"sid": session_id, "mid": message_id, "cid": call_id}
         async with self.db.read(single=True) as conn:
             row = await _SESSION_AND_TOOL_PART.first(conn, self.db.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
-        *columns, data = row
+        *columns, position, data = row
         info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
-        return info, _tool_part(data)
+        part = _tool_part(data)
+        return info, None if part is None else StoredPart(part, int(position), data)
 
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
@@ -193,10 +194,22 @@ def _tool_part_query() -> Any:
 
 _TOOL_PART = Prepared(lambda _dialect: _tool_part_query())
 _SESSION_AND_TOOL_PART = Prepared(
-    lambda _dialect: sa.select(session_table, _tool_part_query().scalar_subquery()).where(
-        _s.id == sa.bindparam("sid")
-    )
+    lambda _dialect: sa.select(
+        session_table,
+        _tool_part_query().with_only_columns(_p.position).scalar_subquery(),
+        _tool_part_query().scalar_subquery(),
+    ).where(_s.id == sa.bindparam("sid"))
 )
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    """A tool part as its row holds it: where it is in its message, and its stored JSON (what
+    a write that expects the part unchanged compares against)."""
+
+    part: ToolPart
+    position: int
+    data: str
 
 
 def _tool_part(encoded: str | None) -> ToolPart | None:

@@ -755,10 +755,11 @@ async def test_tool_call_reads_the_session_and_the_part_in_one(store: Store) -> 
         session_id=sid, assistant_message_id=mid, call_id="c", name="t", input={"n": 1}
     )
     await publish(store, called)
-    session, part = await store.sessions.tool_call(sid, mid, "c")
+    session, stored = await store.sessions.tool_call(sid, mid, "c")
     assert session == await store.sessions.get(sid)
-    assert part == await store.sessions.tool_part(sid, mid, "c")
-    assert part is not None and part.state == ToolRunning(input={"n": 1})
+    assert stored is not None and stored.part == await store.sessions.tool_part(sid, mid, "c")
+    assert stored.part.state == ToolRunning(input={"n": 1})
+    assert stored.position == 0 and ToolPart.model_validate_json(stored.data) == stored.part
     assert (await store.sessions.tool_call(sid, "msg_missing", "c"))[1] is None
     with pytest.raises(SessionNotFoundError):
         await store.sessions.tool_call("ses_missing", mid, "c")
