@@ -12,13 +12,16 @@ loopback port (``running_api``, as ``sessionflow serve`` runs it) and a store fo
 
 1. provider token -> SSE client: a provider wrapper stamps each text delta as the scripted model
    yields it (``time.time()``); an SSE client in a separate process (so its parsing does not
-   share the server's event loop) stamps each ``session.text.delta`` it receives; a token's
+   share the server's event loop; a bare socket per stream, stamping what it reads as it comes
+   off the connection and parsing it afterwards) stamps each ``session.text.delta``; a token's
    latency is the arrival of the first event whose text reaches the token's end. The in-process
    store follower is stamped the same way, on the same tokens: the difference is the API's
    cost. Both include the turn's delta batching (``batch_ms``, 30 ms).
 2. 200 concurrent subscribers on one session (one client process, one connection each): every
    one must receive every event (its seq list equals the store's), and their token latency is
-   printed next to the single subscriber's and the follower's in the same run.
+   printed next to the single subscriber's and the follower's in the same run, with the
+   server's own share: from a batch entering the session's feed to each subscriber's write of
+   it returning (``WriteClock``).
 3. prompt round trip: ``POST /sessions/{id}/prompt`` (admit + wake) over a kept-alive
    connection against ``SessionClient.prompt``, alternating, the session idle before each; and,
    for scale, a read that needs no Temporal call (``GET /sessions/{id}`` against ``session()``).
@@ -28,6 +31,8 @@ The API, the worker and the follower share one process and event loop here, as i
 the turn itself runs in, so the turn's 30 ms batches shrink towards one token each and the
 follower's latency rises too. CPU seconds of both processes are printed to show where the time
 goes. ``sessionflow serve`` beside separate workers does not share its loop with the turns.
+``--loop``/``--http`` pick the event loop and uvicorn's protocol (default: what ``serve`` uses,
+uvloop and httptools when installed; ``--loop asyncio --http h11`` for the plain stack).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
+import itertools
 import json
 import os
 import resource
@@ -43,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +70,7 @@ TERMINALS = {
     "session.execution.failed",
     "session.execution.interrupted",
 }
+TERMINAL_BYTES = [f'"type": "{name}"'.encode() for name in TERMINALS]
 
 
 # --- the subscriber process -----------------------------------------------------------------------
@@ -70,44 +78,71 @@ TERMINALS = {
 
 async def subscribe(url: str, sid: str, count: int) -> None:
     """``count`` SSE streams of ``sid``: prints ``ready`` once all are synced, then, once each
-    saw its busy period's terminal event, one JSON line: their seqs and text-delta arrivals."""
+    saw its busy period's terminal event, one JSON line: their seqs and text-delta arrivals.
+
+    Each stream is a bare socket that stamps what it reads as it comes off the connection and
+    parses only once the stream is over. With 200 streams in one process, an HTTP client library
+    parsing each stream's batch before the next stream gets to read measured this process's own
+    queue (about 40 us per stream and batch, on cores the server shares), not the server's.
+    """
     synced = asyncio.Event()
     ready: list[int] = []
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    request = (
+        f"GET /sessions/{sid}/events HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
 
-        async def one() -> dict[str, Any]:
-            seqs: list[int] = []
-            marks: Marks = []
-            text = 0
-            path = f"/sessions/{sid}/events"
-            async with http.stream("GET", path) as response:
-                event = "message"
-                async for line in response.aiter_lines():
-                    if line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:") and event == "message":
-                        data = json.loads(line[5:])
-                        seqs.append(data["seq"])
-                        if data["type"] == "session.text.delta":
-                            text += len(data["data"]["delta"])
-                            marks.append((text, time.time()))
-                        elif data["type"] in TERMINALS:
-                            break  # the busy period is over (the prompt comes after "ready")
-                    elif line == "":
-                        if event == "synced":
-                            ready.append(1)
-                            if len(ready) == count:
-                                synced.set()
-                        event = "message"
-            return {"seqs": seqs, "marks": marks}
+    async def one() -> dict[str, Any]:
+        reads: list[tuple[float, bytes]] = []
+        reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        writer.write(request)
+        tail = b""
+        while chunk := await reader.read(1 << 20):
+            reads.append((time.time(), chunk))
+            seen, tail = tail + chunk, chunk[-64:]
+            if not synced.is_set() and b"event: synced" in seen:
+                ready.append(1)
+                if len(ready) == count:
+                    synced.set()
+            if any(name in seen for name in TERMINAL_BYTES):
+                break  # the busy period is over (the prompt comes after "ready")
+        writer.close()
+        return parsed(reads)
 
-        tasks = [asyncio.create_task(one()) for _ in range(count)]
-        await synced.wait()
-        print("ready", flush=True)
-        results = await asyncio.gather(*tasks)
+    tasks = [asyncio.create_task(one()) for _ in range(count)]
+    await synced.wait()
+    print("ready", flush=True)
+    results = await asyncio.gather(*tasks)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"streams": results, "cpu_s": usage.ru_utime + usage.ru_stime}), flush=True)
+
+
+def parsed(reads: list[tuple[float, bytes]]) -> dict[str, Any]:
+    """A stream's stored events as seqs and text-delta arrivals: each server write (one HTTP
+    chunk) arrived with the read that brought its last byte."""
+    raw = b"".join(chunk for _, chunk in reads)
+    ends = list(itertools.accumulate(len(chunk) for _, chunk in reads))
+    seqs: list[int] = []
+    marks: Marks = []
+    text, at = 0, raw.index(b"\r\n\r\n") + 4  # past the response head
+    while (eol := raw.find(b"\r\n", at)) > 0:
+        size = int(raw[at:eol].split(b";")[0], 16)
+        body, at = raw[eol + 2 : eol + 2 + size], eol + 2 + size + 2
+        if len(body) < size or size == 0:
+            break
+        arrived = reads[bisect.bisect_right(ends, eol + 1 + size)][0]
+        for frame in body.split(b"\r\n\r\n"):
+            fields = dict(line.split(b": ", 1) for line in frame.split(b"\r\n") if b": " in line)
+            if b"data" not in fields or b"event" in fields:
+                continue  # a comment, the synced marker or another named event
+            data = json.loads(fields[b"data"])
+            seqs.append(data["seq"])
+            if data["type"] == "session.text.delta":
+                text += len(data["data"]["delta"])
+                marks.append((text, arrived))
+            elif data["type"] in TERMINALS:
+                return {"seqs": seqs, "marks": marks}
+    return {"seqs": seqs, "marks": marks}
 
 
 # --- measurement ----------------------------------------------------------------------------------
@@ -237,8 +272,42 @@ async def token_latency(bench: Bench, sessions: int) -> None:
     print(line("store follower (in process)", store))
 
 
+class WriteClock:
+    """The server's own share, with no client in it: per subscriber and live batch, ms from the
+    batch's last frame entering the session's feed to that subscriber's write of it returning
+    (the bytes are in its socket then). Wraps the feed's methods while it is installed."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        from sessionflow.api.feed import Feed
+
+        added: dict[int, float] = {}
+        add, frames = Feed._add, Feed.frames
+
+        def timed_add(feed: Feed, frame: Any) -> None:
+            added[frame.seq] = time.perf_counter()
+            add(feed, frame)
+
+        async def timed_frames(feed: Feed, after: int, through: int | None = None) -> Any:
+            async for batch in frames(feed, after, through):
+                yield batch  # returns once the subscriber's write of it returned
+                if through is None and batch[-1].seq in added:
+                    self.ms.append((time.perf_counter() - added[batch[-1].seq]) * 1000)
+
+        Feed._add, Feed.frames = timed_add, timed_frames  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            Feed._add, Feed.frames = add, frames  # type: ignore[method-assign]
+
+
 async def fan_out(bench: Bench, count: int) -> None:
-    watched = await watched_turn(bench, count, 200)
+    clock = WriteClock()
+    with clock.installed():
+        watched = await watched_turn(bench, count, 200)
     tokens = bench.tokens[watched.sid]
     expected = [event.seq async for event in bench.client.events(watched.sid)]
     complete = sum(1 for stream in watched.streams if stream["seqs"] == expected)
@@ -250,6 +319,7 @@ async def fan_out(bench: Bench, count: int) -> None:
     print(f"{count} concurrent SSE subscribers on one session ({len(expected)} events):")
     print(f"  every event, in order, no repeat:  {complete}/{count} subscribers")
     print(line(f"SSE clients ({count}, one process)", sse))
+    print(line("server: feed -> socket write", clock.ms))
     print(line("store follower (in process)", latencies(tokens, watched.follower)))
     print(
         f"  CPU over the {watched.seconds:.1f} s turn: server process (API, worker, follower) "
@@ -344,7 +414,8 @@ async def run_database(
             worker = build_worker(
                 env.client, store, task_queue=client.task_queue, providers=providers
             )
-            async with worker, running_api(client, ApiSettings(port=0)) as api_url:
+            api = running_api(client, ApiSettings(port=0), http=args.http)
+            async with worker, api as api_url:
                 bench = Bench(root, client, api_url, tokens)
                 print(f"\n== {label} ==")
                 await watched_turn(bench, 1, 20)  # warm-up, unmeasured
@@ -416,11 +487,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-sessions", type=int, default=3, help="turns of 200 tokens")
     parser.add_argument("--subscribers", type=int, default=200, help="on one session")
     parser.add_argument("--prompts", type=int, default=30, help="round trips of each kind")
+    parser.add_argument(
+        "--loop",
+        choices=["auto", "asyncio"],
+        default="auto",
+        help="auto: the loop sessionflow serve runs in (uvloop when installed)",
+    )
+    parser.add_argument(
+        "--http",
+        choices=["auto", "h11", "httptools"],
+        default="auto",
+        help="uvicorn's HTTP protocol (auto: httptools when installed, as sessionflow serve)",
+    )
     return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    from sessionflow.api.serve import event_loop
+
+    factory = event_loop() if args.loop == "auto" else None
+    print(f"event loop: {'uvloop' if factory else 'asyncio'}, HTTP protocol: {args.http}")
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main(args))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["subscribe"]:
-        asyncio.run(subscribe(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        try:
+            import uvloop  # a cheaper client, when installed
+
+            factory: Any = uvloop.new_event_loop
+        except ImportError:
+            factory = None
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(subscribe(sys.argv[2], sys.argv[3], int(sys.argv[4])))
     else:
-        asyncio.run(main(parse_args()))
+        run(parse_args())

@@ -123,9 +123,14 @@ def note(message: str) -> None:
     )
 
 
-def run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+def run(
+    work: Callable[[], Coroutine[Any, Any, T]],
+    *,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
     try:
-        return asyncio.run(work())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(work())
     except typer.Exit:
         raise
     except KeyboardInterrupt:
@@ -537,10 +542,13 @@ def serve(
     port: int = typer.Option(None, "--port", help="Default 8765"),
 ) -> None:
     """Serve the HTTP API and the live session page (settings: SESSIONFLOW_API_*)."""
-    from sessionflow.api.serve import ApiSettings, serve
+    from sessionflow.api.serve import ApiSettings, event_loop, serve
 
     api = ApiSettings.from_env(host=host, port=port)
-    run(lambda: serve(Options.address, Options.database_url(), Options.queue(), api))
+    run(
+        lambda: serve(Options.address, Options.database_url(), Options.queue(), api),
+        loop_factory=event_loop(),
+    )
 
 
 PORT = typer.Option(

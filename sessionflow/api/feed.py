@@ -9,6 +9,10 @@ itself, so a restart or an eviction can delay an event but never lose or repeat 
 
 Frames that are ready together leave in one write: a subscriber takes everything past its
 cursor at once, so a burst of token deltas costs one send, not one per delta.
+
+History is shared too: subscribers that need the same page of the table (two hundred browsers
+opening one long session) share one read and one encoding of it, and the last few pages read
+stay for whoever asks next. A page below the window's head never changes, so keeping it is safe.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import bisect
 import contextlib
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 
@@ -31,6 +36,9 @@ WINDOW_BYTES = 8 * 1024 * 1024
 # One write carries at most about this much, so a far-behind subscriber's catch-up goes out in
 # pieces the transport can pace (each write waits for the client to take the previous ones).
 WRITE_BYTES = 256 * 1024
+# Table pages kept after they were read, for subscribers that start a moment later.
+KEPT_PAGES = 8
+KEPT_PAGE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,9 @@ class Feed:
         self._first = 0  # frames before this index were evicted
         self._bytes = 0
         self._changed = asyncio.Event()
+        self._reading: dict[tuple[int, int], asyncio.Task[TablePage]] = {}
+        self._pages: OrderedDict[tuple[int, int], TablePage] = OrderedDict()
+        self._page_bytes = 0
         self._task = asyncio.create_task(self._follow(start), name=f"feed-{session_id}")
 
     @property
@@ -79,7 +90,8 @@ class Feed:
         return self._task.done()
 
     async def close(self) -> None:
-        self._task.cancel()
+        for task in (self._task, *self._reading.values()):
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
@@ -137,14 +149,45 @@ class Feed:
                 limit = self.floor if cursor < self.floor else through
                 assert limit is not None
                 limit = limit if through is None else min(limit, through)
-                page = await self.events.read_after(self.session_id, cursor, through=limit)
-                batch = [Frame.of(event) for event in page.events]
-                cursor = page.cursor if page.cursor > cursor else limit
+                batch, read_to = await self._page(cursor, limit)
+                cursor = read_to if read_to > cursor else limit
             else:
                 await changed.wait()
                 continue
             if batch:
                 yield batch
+
+    async def _page(self, cursor: int, limit: int) -> TablePage:
+        """The table's next page after ``cursor`` (``seq <= limit``) as frames and the seq it
+        read to: one read and one encoding for every subscriber that asks for it."""
+        key = (cursor, limit)
+        if (kept := self._pages.get(key)) is not None:
+            self._pages.move_to_end(key)
+            return kept
+        task = self._reading.get(key)
+        if task is None:
+            task = self._reading[key] = asyncio.create_task(self._read(key))
+            task.add_done_callback(lambda done: self._read_done(key, done))
+        # Shielded: a subscriber that leaves does not cancel the read of those that stay.
+        return await asyncio.shield(task)
+
+    async def _read(self, key: tuple[int, int]) -> TablePage:
+        page = await self.events.read_after(self.session_id, key[0], through=key[1])
+        return [Frame.of(event) for event in page.events], page.cursor
+
+    def _read_done(self, key: tuple[int, int], done: asyncio.Task[TablePage]) -> None:
+        if self._reading.get(key) is done:
+            del self._reading[key]
+        if done.cancelled() or done.exception() is not None:
+            return
+        page = self._pages[key] = done.result()
+        self._page_bytes += sum(len(frame.wire) for frame in page[0])
+        while len(self._pages) > KEPT_PAGES or self._page_bytes > KEPT_PAGE_BYTES:
+            _, (frames, _) = self._pages.popitem(last=False)
+            self._page_bytes -= sum(len(frame.wire) for frame in frames)
+
+
+TablePage = tuple[list[Frame], int]  # frames of one table page, and the seq it read to
 
 
 def writes(batch: list[Frame]) -> Iterator[bytes]:

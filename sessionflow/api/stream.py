@@ -7,9 +7,10 @@ shared ``Feed`` (one store follower for all its subscribers); what the feed's wi
 read from the table, so a slow client holds a cursor, not a queue, and lags without loss or
 harm to others.
 
-``until=idle`` ends the stream with an ``end`` event once no busy period runs: at the marker if
-the session is idle then, else after the terminal event of the last busy period; either way
-after every event committed by then.
+``until=idle`` ends the stream with an ``end`` event once the session is idle as the SDK means
+it (``SessionStatus.idle``: no busy period runs and none is about to, so work waiting for a
+worker keeps the stream open): at the marker if the session is idle then, else after the
+terminal event of the last busy period; either way after every event committed by then.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ async def _stream(
             yield chunk
         cursor = max(after, target)
         yield _synced(target)
-        if until_idle and _idle(await status(session_id)):
+        if until_idle and (await status(session_id)).idle:
             async for chunk in _finish(feed, cursor):
                 yield chunk
             return
@@ -126,17 +127,15 @@ class Streams:
             self.open -= 1
 
 
-def _idle(status: SessionStatus) -> bool:
-    return not status.busy and not (status.drain and status.drain.pending_wake)
-
-
 async def _settled(status_of: StatusOf, session_id: str, terminal: Frame) -> bool:
     """True if no busy period follows ``terminal``'s; False if a successor runs (keep going)."""
     for delay in _SETTLE_DELAYS_S:
         status = await status_of(session_id)
-        if _idle(status):
+        if status.idle:
             return True
-        if status.drain is None or status.drain.execution_id != terminal.execution_id:
+        if status.drain is not None and status.drain.execution_id != terminal.execution_id:
             return False  # a successor busy period: its own terminal will come
-        await asyncio.sleep(delay)  # this period is still settling after its terminal
+        # This period still settling after its terminal, or its successor not yet answering
+        # (waiting for a worker): ask again.
+        await asyncio.sleep(delay)
     return False

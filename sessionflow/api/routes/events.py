@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from sse_starlette import EventSourceResponse
 
 from sessionflow.api.deps import Client, SessionId, Settings
+from sessionflow.api.sse import EventStream
 from sessionflow.api.stream import session_stream
 from sessionflow.errors import InvalidInputError
 
@@ -19,7 +19,7 @@ SEND_TIMEOUT_S = 60.0
 
 @router.get(
     "/events",
-    response_class=EventSourceResponse,
+    response_class=EventStream,
     responses={200: {"content": {"text/event-stream": {}}, "description": "the event stream"}},
 )
 async def events(
@@ -30,7 +30,7 @@ async def events(
     after: Annotated[int, Query(ge=-1, description="send events with a larger seq")] = -1,
     until: Annotated[Literal["idle"] | None, Query(description="end when idle")] = None,
     last_event_id: Annotated[str | None, Header(description="overrides ?after=")] = None,
-) -> EventSourceResponse:
+) -> EventStream:
     """History after the cursor, a ``synced`` event, then live events; each event's ``id`` is
     its seq, so a reconnect with ``Last-Event-ID`` neither misses nor repeats one. Keep-alive
     comments every ``SESSIONFLOW_API_KEEPALIVE_S``."""
@@ -40,7 +40,7 @@ async def events(
     stream = session_stream(
         streams.feeds, session_id, after=cursor, until_idle=until == "idle", status=streams.status
     )
-    return EventSourceResponse(
+    return EventStream(
         streams.track(stream),
         ping=settings.keepalive_s,
         send_timeout=SEND_TIMEOUT_S,

@@ -150,6 +150,41 @@ async def test_a_subscriber_behind_the_window_reads_the_rest_from_the_table(api:
         await feed.close()
 
 
+class CountedReads:
+    """The event store, counting the table reads a feed makes."""
+
+    def __init__(self, events: Any) -> None:
+        self.events, self.reads = events, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.events, name)
+
+    async def read_after(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return await self.events.read_after(*args, **kwargs)
+
+
+async def test_subscribers_share_one_read_and_one_encoding_of_history(api: Api) -> None:
+    sid = await api.session([{"text": "x"}])
+    await contexts(api, sid, 30)
+    latest = await api.h.store.events.latest_sequence(sid)
+    events = CountedReads(api.h.store.events)
+    feed = Feed(events, sid, latest)  # type: ignore[arg-type]  # as a first subscriber starts it
+    try:
+
+        async def history() -> list[Frame]:
+            return [frame async for batch in feed.frames(-1, through=latest) for frame in batch]
+
+        together = await asyncio.gather(*(history() for _ in range(10)))
+        later = await history()  # a moment later: the page read is kept
+        assert [frame.seq for frame in later] == await store_seqs(api, sid)
+        assert events.reads == 1
+        for frames in [*together, later]:
+            assert all(mine is first for mine, first in zip(frames, later, strict=True))
+    finally:
+        await feed.close()
+
+
 @pytest.mark.parametrize("target", ["sqlite"], indirect=True)  # the cut store is PostgreSQL
 async def test_streams_end_when_the_store_fails_under_their_feed(
     api: Api, postgres_target: Target

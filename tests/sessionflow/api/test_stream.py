@@ -6,8 +6,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
-from tests.sessionflow.api.conftest import Api, Message, Reader, stored
+import httpx
+from temporalio.testing import WorkflowEnvironment
+
+from sessionflow.api.config import ApiSettings
+from sessionflow.api.serve import running_api
+from store import Store
+from tests.sessionflow.api.conftest import Api, Message, Reader, ended, stored
+from tests.workflows.harness import harness
 
 
 @asynccontextmanager
@@ -182,6 +190,34 @@ async def test_until_idle_ends_an_idle_sessions_stream_after_its_history(api: Ap
     assert [m.event for m in messages] == ["message", "synced", "end"]  # session.created
     async with stream(api, sid, "?after=0&until=idle") as reader:
         assert [m.event for m in await reader.rest()] == ["synced", "end"]
+
+
+async def test_until_idle_waits_for_work_that_waits_for_a_worker(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """``until=idle`` ends when the SDK says idle: a prompt with no worker polling is not idle
+    (``SessionStatus.idle``), so the stream stays open until a worker has run it."""
+    async with (
+        harness(temporal_env.client, store, tmp_path, start_worker=False) as h,
+        running_api(h.client, ApiSettings(port=0)) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        api = Api(h, url, http)
+        sid = await api.session([{"text": "at last"}])
+        await h.client.prompt(sid, "anyone there?")
+        async with stream(api, sid, "?until=idle") as reader:
+            await reader.events(synced)
+            # The stream asked for the status as it sent the marker; asked after it, the same
+            # question has had the same answer by now: an idle stream would be ending.
+            assert (await h.client.status(sid)).waiting_for_worker
+            async with h.worker():
+                messages = await reader.events(ended)
+                assert await reader.rest() == []
+        types = [m.json()["type"] for m in messages if m.event == "message"]
+        # The whole busy period the worker ran, not an ``end`` at the marker.
+        assert types[:1] == ["session.execution.started"], types
+        assert types[-1:] == ["session.execution.succeeded"], types
+        assert seqs(messages)[-1] == (await store_seqs(api, sid))[-1]
 
 
 async def test_bad_cursors_are_refused(api: Api) -> None:
