@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from temporalio import activity
 
 from activities.gate import Gate
-from activities.runtime import Runtime, heartbeating, to_claim, translated
+from activities.runtime import Runtime, heartbeating, through_outages, to_claim, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
 from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
@@ -55,8 +55,11 @@ class ToolActivities:
             activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
-            session, part = await self.rt.store.sessions.tool_call(
-                claim.session_id, request.assistant_message_id, request.call_id
+            session, part = await through_outages(
+                lambda: self.rt.store.sessions.tool_call(
+                    claim.session_id, request.assistant_message_id, request.call_id
+                ),
+                within_ms=claim.lease_ms,
             )
             if part is None:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
@@ -89,8 +92,13 @@ class ToolActivities:
         """
         if run.attempt == 1 and tool.retry_safe:
             return False
-        async with self.rt.store.claims.fenced(claim) as tx:
-            earlier = await self.rt.store.tool_runs.take(tx, run)
+
+        async def take() -> int | None:
+            # Idempotent: taken again by the same attempt, the call reports the same earlier one.
+            async with self.rt.store.claims.fenced(claim) as tx:
+                return await self.rt.store.tool_runs.take(tx, run)
+
+        earlier = await through_outages(take, within_ms=claim.lease_ms)
         return earlier is not None and earlier < run.attempt and not tool.retry_safe
 
     async def _execute(
@@ -155,15 +163,24 @@ class ToolActivities:
     ) -> ToolOutcome:
         event = _settlement(run, error, output)
         store = self.rt.store
-        async with store.claims.fenced(claim) as tx:
-            # Checked and settled in one fenced transaction: a call settles exactly once, by
-            # its latest attempt.
-            await store.tool_runs.check(tx, run)
-            message = await load_message(tx, claim.session_id, run.assistant_message_id)
-            part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
-            if part is not None and part.settled:
-                return _outcome(part)
-            await store.events.publish(event, tx=tx)
+
+        async def settle() -> ToolOutcome | None:
+            async with store.claims.fenced(claim) as tx:
+                # Checked and settled in one fenced transaction: a call settles exactly once,
+                # by its latest attempt (so a retry after a commit cut off finds it settled).
+                await store.tool_runs.check(tx, run)
+                message = await load_message(tx, claim.session_id, run.assistant_message_id)
+                part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
+                if part is not None and part.settled:
+                    return _outcome(part)
+                await store.events.publish(event, tx=tx)
+            return None
+
+        # The tool ran: its outcome is only here until it is stored, so a database outage is
+        # waited out (within the lease) rather than failing the call.
+        settled = await through_outages(settle, within_ms=claim.lease_ms)
+        if settled is not None:
+            return settled
         if error is not None:
             return ToolOutcome(call_id=run.call_id, status="error", error=error)
         return ToolOutcome(call_id=run.call_id, status="completed")
