@@ -15,21 +15,29 @@ from tests.conftest import StoreFactory, Target
 from tests.store.helpers import Probe, rows
 from tests.store.procs import appender, claim_racer, spawn
 
-WORKERS = 8
-ROUNDS = 100
 APPENDERS = 4
 APPENDS = 10_000  # attempted, across the appenders; about 30 % of them aborted
 
 
-async def test_claim_race_has_exactly_one_winner_per_round(store: Store, target: Target) -> None:
-    """Catalogue F1: the claim race."""
-    sessions = [(await store.sessions.create("/race")).id for _ in range(ROUNDS)]
+@pytest.mark.parametrize(
+    ("workers", "rounds"),
+    [(2, 500), (4, 500), pytest.param(16, 50, marks=pytest.mark.fault)],
+)
+async def test_claim_race_has_exactly_one_winner_per_round(
+    store: Store, target: Target, workers: int, rounds: int
+) -> None:
+    """Catalogue F1: the claim race. ``workers`` spawned processes claim each of ``rounds``
+    idle sessions at the same instant (a barrier per round); the winner appends one event, and
+    every loser tries to append as if it had won. One winner per round, at epoch 1; every loser
+    gets the typed ``ClaimHeldError`` naming the winner and its write is refused; each session
+    holds one claim, the winner's, and one event stamped with it; no recovery rows."""
+    sessions = [(await store.sessions.create("/race")).id for _ in range(rounds)]
     context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(WORKERS), context.Queue()
+    barrier, results = context.Barrier(workers), context.Queue()
     processes = [
-        spawn(claim_racer, target, worker, sessions, barrier, results) for worker in range(WORKERS)
+        spawn(claim_racer, target, worker, sessions, barrier, results) for worker in range(workers)
     ]
-    outcomes = [await asyncio.to_thread(results.get, True, 120) for _ in range(WORKERS * ROUNDS)]
+    outcomes = [await asyncio.to_thread(results.get, True, 120) for _ in range(workers * rounds)]
     for process in processes:
         process.join(30)
         assert process.exitcode == 0
@@ -37,16 +45,23 @@ async def test_claim_race_has_exactly_one_winner_per_round(store: Store, target:
         row[0]: (row[1], row[2])
         for row in await rows(store, "SELECT session_id, id, epoch FROM session_execution")
     }
+    stamps = await rows(
+        store, "SELECT aggregate_id, execution_id FROM event WHERE execution_id IS NOT NULL"
+    )
+    written = {sid: [e for s, e in stamps if s == sid] for sid in sessions}
     for round_, session_id in enumerate(sessions):
         round_outcomes = [o for o in outcomes if o[0] == round_]
         winners = [o for o in round_outcomes if o[2] == "won"]
         assert len(winners) == 1, f"round {round_}: {round_outcomes}"
-        (_, worker, _, epoch) = winners[0]
+        (_, worker, _, epoch, _) = winners[0]
         winner = f"exec_{round_}_{worker}"
         assert epoch == 1
-        assert {o[3] for o in round_outcomes if o[2] == "held"} == {winner}
+        losers = [o for o in round_outcomes if o[2] == "held"]
+        assert {o[3] for o in losers} == {winner} and len(losers) == workers - 1
+        assert all(o[4] for o in losers), f"round {round_}: a loser's write went in"
         assert claims[session_id] == (winner, 1)
-    assert len(claims) == ROUNDS
+        assert written[session_id] == [winner]  # losers wrote 0 events
+    assert len(claims) == rounds
     assert await rows(store, "SELECT count(*) FROM session_recovery") == [(0,)]
 
 
