@@ -65,7 +65,7 @@ async def test_claim_race_has_exactly_one_winner_per_round(
     assert await rows(store, "SELECT count(*) FROM session_recovery") == [(0,)]
 
 
-@pytest.mark.fault  # about 20 s on each database here
+@pytest.mark.fault  # up to about 25 s on each database here, under load
 async def test_concurrent_appenders_with_aborted_transactions_stay_gap_free(
     open_test_store: StoreFactory,
 ) -> None:
