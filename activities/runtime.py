@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -18,7 +19,12 @@ from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
 from activities.tools.base import ToolRegistry
 from sessionflow.agents import Agents
-from sessionflow.errors import ClaimHeldError, ClaimLostError, SessionflowError
+from sessionflow.errors import (
+    ClaimHeldError,
+    ClaimLostError,
+    SessionflowError,
+    StoreUnavailableError,
+)
 from sessionflow.models.common import ModelRef
 from sessionflow.models.drain import ClaimRef
 from store import Store
@@ -27,6 +33,9 @@ from store.claims import Claim
 log = logging.getLogger(__name__)
 ProviderFactory = Callable[[ModelRef], Provider]
 HEARTBEAT_SECONDS = 0.5
+OUTAGE_FIRST_PAUSE_S = 0.1
+OUTAGE_MAX_PAUSE_S = 2.0
+T = TypeVar("T")
 
 
 def default_providers(model: ModelRef) -> Provider:
@@ -134,6 +143,29 @@ async def heartbeating(store: Store, claim: ClaimRef) -> AsyncIterator[None]:
         raise
     finally:
         beater.cancel()
+
+
+async def through_outages(work: Callable[[], Awaitable[T]], *, within_ms: int) -> T:
+    """``work()``, again after a growing, jittered pause while the database is unavailable,
+    for up to ``within_ms`` (the claim's lease: by then the claim may have lapsed, and its
+    fence refuses the write anyway).
+
+    For a write that holds what exists nowhere else, a tool's result: Temporal's few quick
+    retries of the activity are spent in a second of outage (a restart, a failover), and the
+    call would fail or, for a tool that is not retry-safe, settle as outcome-unknown although
+    it ran. ``work`` must be idempotent: a write cut off at its commit may have committed.
+    """
+    deadline = time.monotonic() + within_ms / 1000
+    pause = OUTAGE_FIRST_PAUSE_S
+    while True:
+        try:
+            return await work()
+        except StoreUnavailableError as error:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("The database is unavailable, retrying in %.1f s: %s", pause, error.reason)
+        await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(2 * pause, OUTAGE_MAX_PAUSE_S)
 
 
 def describe(value: Any) -> str:

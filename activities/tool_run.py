@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from temporalio import activity
 
 from activities.gate import Gate
-from activities.runtime import Runtime, heartbeating, to_claim, translated
+from activities.runtime import Runtime, heartbeating, through_outages, to_claim, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
 from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
@@ -55,8 +55,11 @@ class ToolActivities:
             activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
-            session, stored = await self.rt.store.sessions.tool_call(
-                claim.session_id, request.assistant_message_id, request.call_id
+            session, stored = await through_outages(
+                lambda: self.rt.store.sessions.tool_call(
+                    claim.session_id, request.assistant_message_id, request.call_id
+                ),
+                within_ms=claim.lease_ms,
             )
             if stored is None:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
@@ -90,8 +93,13 @@ class ToolActivities:
         """
         if run.attempt == 1 and tool.retry_safe:
             return False
-        async with self.rt.store.claims.fenced(claim) as tx:
-            earlier = await self.rt.store.tool_runs.take(tx, run)
+
+        async def take() -> int | None:
+            # Idempotent: taken again by the same attempt, the call reports the same earlier one.
+            async with self.rt.store.claims.fenced(claim) as tx:
+                return await self.rt.store.tool_runs.take(tx, run)
+
+        earlier = await through_outages(take, within_ms=claim.lease_ms)
         return earlier is not None and earlier < run.attempt and not tool.retry_safe
 
     async def _execute(
@@ -162,15 +170,22 @@ class ToolActivities:
         answer, another settlement), in a fenced transaction that reads it again."""
         event = _settlement(run, error, output)
         store = self.rt.store
-        if before is None or await store.settle_call(claim, run, event, before) is None:
-            return await self._settle_reading(claim, run, event)
-        return _settled_outcome(run, error)
+
+        async def settle() -> ToolOutcome:
+            if before is None or await store.settle_call(claim, run, event, before) is None:
+                return await self._settle_reading(claim, run, event)
+            return _settled_outcome(run, error)
+
+        # The tool ran: its outcome is only here until it is stored, so a database outage is
+        # waited out (within the lease) rather than failing the call. Each try is safe to
+        # repeat: a settlement that committed is found settled by the next one.
+        return await through_outages(settle, within_ms=claim.lease_ms)
 
     async def _settle_reading(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> ToolOutcome:
         store = self.rt.store
         async with store.claims.fenced(claim, run=run) as tx:
             # Checked and settled in one fenced transaction: a call settles exactly once, by
-            # its latest attempt.
+            # its latest attempt (so a retry after a commit cut off finds it settled).
             message = await load_message(tx, claim.session_id, run.assistant_message_id)
             part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
             if part is not None and part.settled:

@@ -11,12 +11,13 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -76,6 +77,21 @@ def postgres_target(request: pytest.FixtureRequest, postgres_url: str) -> Target
 def _drop_schema(url: str, schema: str) -> None:
     with psycopg.connect(_libpq(url), autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def own_database(postgres_url: str) -> Iterator[str]:
+    """The URL of a fresh PostgreSQL database for this test alone, dropped afterwards.
+
+    Other engineers run their tests against the same server at the same time: a test that
+    changes a database's defaults or kills every backend connected to it does so here.
+    """
+    name = f"sf_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(_libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(_libpq(postgres_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 StoreFactory = Callable[..., Awaitable[Store]]

@@ -1,32 +1,14 @@
-"""Store fixtures for tests that do to PostgreSQL what must never reach anyone else's tests."""
+"""Helpers for tests that do to PostgreSQL what must never reach anyone else's tests (each on
+its own database, the ``own_database`` fixture)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import psycopg
-import pytest
 from sqlalchemy.engine import make_url
 
 
 def libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def own_database(postgres_url: str) -> Iterator[str]:
-    """The URL of a fresh PostgreSQL database for this test alone, dropped afterwards.
-
-    Other engineers run their tests against the same server at the same time: a test that
-    changes a database's defaults or kills every backend connected to it does so here.
-    """
-    name = f"sf_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(libpq(postgres_url), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def terminate_backends(admin_url: str, database: str) -> int:
@@ -40,3 +22,17 @@ def terminate_backends(admin_url: str, database: str) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def refuse_connections(admin_url: str, database: str) -> None:
+    """``database`` goes down, as for a server restart: new connections are refused and every
+    open one is terminated. Only this database: the server and everyone else's stay up."""
+    with psycopg.connect(libpq(admin_url), autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+    terminate_backends(admin_url, database)
+
+
+def allow_connections(admin_url: str, database: str) -> None:
+    """``database`` comes back up after ``refuse_connections``."""
+    with psycopg.connect(libpq(admin_url), autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')

@@ -7,7 +7,10 @@ import multiprocessing
 import random
 from typing import Any
 
-from sessionflow.errors import ClaimHeldError
+from sessionflow.errors import ClaimHeldError, ClaimLostError
+from sessionflow.models import events as ev
+from store.claims import Claim
+from store.db import DEFAULT_LEASE_MS
 from tests.conftest import Target
 from tests.store.helpers import Probe
 
@@ -25,15 +28,32 @@ async def _claim_racer(
     try:
         for round_, session_id in enumerate(sessions):
             await asyncio.to_thread(barrier.wait)
+            execution_id, owner_id = f"exec_{round_}_{worker}", f"owner-{worker}"
             try:
-                claim = await store.claims.acquire(
-                    session_id, f"exec_{round_}_{worker}", f"owner-{worker}"
-                )
-                results.put((round_, worker, "won", claim.epoch))
+                claim = await store.claims.acquire(session_id, execution_id, owner_id)
             except ClaimHeldError as held:
-                results.put((round_, worker, "held", held.execution_id))
+                # The loser writes as if it had won (epoch 1 of a fresh session): the fence
+                # must refuse it.
+                ghost = Claim(session_id, execution_id, owner_id, 1, 0, DEFAULT_LEASE_MS)
+                refused = await _refused(store, ghost)
+                results.put((round_, worker, "held", held.execution_id, refused))
+                continue
+            await store.append(claim, [_won(session_id)])
+            results.put((round_, worker, "won", claim.epoch, False))
     finally:
         await store.close()
+
+
+async def _refused(store: Any, claim: Claim) -> bool:
+    try:
+        await store.append(claim, [_won(claim.session_id)])
+    except ClaimLostError:
+        return True
+    return False
+
+
+def _won(session_id: str) -> ev.Event:
+    return ev.Synthetic(session_id=session_id, text="won", description="claim race")
 
 
 def appender(target: Target, aggregate: str, count: int, pause_every: int) -> None:

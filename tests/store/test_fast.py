@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
+import threading
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from store.claims import Claim
 from store.fast import PostgresWriter
 from tests.conftest import Target
 from tests.store.conftest import libpq, terminate_backends
-from tests.store.helpers import count, rows
+from tests.store.helpers import backend_pid, count, rows, until_waiting_for
 
 APPENDERS = 8  # more than the PostgreSQL writer holds connections
 AFTER_KILL = 5  # batches each surviving appender streams after the kill
@@ -132,6 +135,127 @@ async def test_a_seq_taken_behind_the_allocator_is_a_typed_conflict(store: Store
     assert conflict.value.aggregate_id == sid
     assert await count(store, "event", "aggregate_id = :a", a=sid) == 4
     assert await store.events.latest_sequence(sid) == 2
+
+
+RACES = 50
+INTRUDER = (  # a writer that bypasses the sequence row: its event is evt_in_<session>
+    "INSERT INTO event (id, aggregate_id, seq, created, type, data)"
+    " VALUES ({id}, {a}, {k}, 0, 'session.synthetic.1', '{{}}')"
+)
+
+
+async def test_a_bypassing_writer_and_a_claimed_append_racing_for_one_seq_leave_one_winner(
+    store: Store, target: Target
+) -> None:
+    """Catalogue S1, the two writers at once: each round a writer that bypasses the sequence
+    row (a raw connection in a thread of its own) and a claimed append of 3 events start
+    together, at a barrier, both after seq k of a fresh session. Exactly one wins seq k: when
+    the append loses it raises the typed ``SequenceConflictError`` and writes nothing, its
+    session's sequence unchanged; when the intruder loses its insert is refused (unique)."""
+    rng = random.Random(1)
+    for sid, claim in await claimed(store, RACES):
+        await store.append(claim, deltas(sid, 2))
+        k = await store.events.latest_sequence(sid) + 1
+        barrier = threading.Barrier(2)
+        # A random head start of up to a few ms for either side lets either writer reach
+        # seq k first (woken from a thread, the append alone would nearly always win).
+        head_start = rng.uniform(-0.004, 0.004)
+        intruder = asyncio.create_task(
+            asyncio.to_thread(_intrude, target, sid, k, barrier, max(0.0, head_start))
+        )
+        await asyncio.to_thread(barrier.wait)
+        await asyncio.sleep(max(0.0, -head_start))
+        try:
+            await store.append(claim, deltas(sid, 3))
+            appended = True
+        except SequenceConflictError as conflict:
+            assert conflict.aggregate_id == sid
+            appended = False
+        intruded = await intruder
+        assert appended != intruded, f"round {sid}: appended={appended}, intruded={intruded}"
+        taken = await rows(
+            store, "SELECT id FROM event WHERE aggregate_id = :a AND seq = :k", a=sid, k=k
+        )
+        assert (taken[0][0] == f"evt_in_{sid}") == intruded
+        assert await count(store, "event", "aggregate_id = :a", a=sid) == k + (3 if appended else 1)
+        assert await store.events.latest_sequence(sid) == (k + 2 if appended else k - 1)
+
+
+def _intrude(target: Target, sid: str, k: int, barrier: threading.Barrier, pause: float) -> bool:
+    """Insert seq ``k`` of ``sid`` behind the allocator once both writers are at the barrier;
+    whether it committed."""
+    if target.backend == "sqlite":
+        path = make_url(target.url).database
+        assert path is not None
+        with closing(sqlite3.connect(path, timeout=10, isolation_level=None)) as lite:
+            barrier.wait()
+            time.sleep(pause)
+            try:
+                lite.execute("BEGIN IMMEDIATE")
+                lite.execute(INTRUDER.format(id="?", a="?", k=k), (f"evt_in_{sid}", sid))
+                lite.execute("COMMIT")
+            except sqlite3.IntegrityError as taken:
+                assert "seq" in str(taken), taken  # refused for the seq, not anything else
+                return False
+            return True
+    options = f"-c search_path={target.schema}" if target.schema else ""
+    with psycopg.connect(libpq(target.url), options=options, autocommit=True) as conn:
+        barrier.wait()
+        time.sleep(pause)
+        try:
+            conn.execute(INTRUDER.format(id="%s", a="%s", k=k), (f"evt_in_{sid}", sid))
+        except psycopg.errors.UniqueViolation as taken:
+            assert "seq" in str(taken), taken
+            return False
+        return True
+
+
+@pytest.mark.parametrize("first", ["intruder", "claimed"])
+async def test_a_bypassing_writer_and_a_claimed_write_in_flight_together_leave_one_winner(
+    postgres_target: Target, first: str
+) -> None:
+    """Catalogue S1 with both transactions open at once (PostgreSQL, where writers overlap):
+    the first holds seq k uncommitted while the second's insert of seq k waits for it on the
+    unique index; then the first commits. A claimed hot-path append that waited behind the
+    intruder raises ``SequenceConflictError`` and writes nothing; an intruder that waited behind
+    a claimed fenced transaction is refused (unique violation) and the claimed events stand."""
+    store = await postgres_target.open()
+    rogue = await postgres_target.open()
+    try:
+        ((sid, claim),) = await claimed(store)
+        await store.append(claim, deltas(sid, 2))
+        k = await store.events.latest_sequence(sid) + 1
+        insert = sa.text(INTRUDER.format(id="'evt_in_' || :a", a=":a", k=k))
+        if first == "intruder":
+            async with rogue.db.write() as tx:
+                await tx.conn.execute(insert, {"a": sid})
+                pid = await backend_pid(tx)
+                second = asyncio.create_task(store.append(claim, deltas(sid, 3)))
+                await until_waiting_for(store, pid)
+            with pytest.raises(SequenceConflictError):
+                await second
+            assert await count(store, "event", "aggregate_id = :a", a=sid) == k + 1
+            assert await store.events.latest_sequence(sid) == k - 1
+        else:
+            async with store.claims.fenced(claim) as tx:
+                for event in deltas(sid, 3):
+                    await store.events.publish(event, tx=tx)
+                pid = await backend_pid(tx)
+
+                async def intrude() -> None:
+                    async with rogue.db.write() as rogue_tx:
+                        await rogue_tx.conn.execute(insert, {"a": sid})
+
+                second = asyncio.create_task(intrude())
+                await until_waiting_for(store, pid)
+            with pytest.raises(sa.exc.IntegrityError):
+                await second
+            taken = await rows(store, "SELECT id FROM event WHERE aggregate_id = :a", a=sid)
+            assert f"evt_in_{sid}" not in {row[0] for row in taken}
+            assert await store.events.latest_sequence(sid) == k + 2
+    finally:
+        await rogue.close()
+        await store.close()
 
 
 async def test_a_cancelled_sqlite_append_waiting_for_another_process_is_never_unannounced(

@@ -1,0 +1,112 @@
+"""Catalogue C4 through a drain: the session's PostgreSQL database goes down and comes back
+while a turn streams and while a tool runs. docs/reliability.md lists the case."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import Target
+from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
+from tests.store.conftest import allow_connections, refuse_connections
+from tests.workflows.harness import Harness, call, harness
+
+OUTAGE_S = 3  # how long each spell lasts once the drain has run into it
+OUTAGE_RETRY = "The database is unavailable, retrying"  # activities.runtime.through_outages
+
+
+@pytest.mark.fault
+async def test_a_drain_rides_out_its_database_going_down_mid_stream_and_mid_tool(
+    temporal_env: WorkflowEnvironment,
+    postgres_url: str,
+    own_database: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C4: the session's PostgreSQL database goes down (new connections refused, every backend
+    terminated, as a restart does to its clients) and comes back, twice: while the model
+    streams, and while a tool runs. Each spell lasts until the drain has run into it (the
+    turn's appends fail; the tool's settlement is refused). The busy period finishes under its
+    one claim; every call settles exactly once, the tool that ran through the outage as a
+    success; the seqs are gap-free and the checker passes."""
+    caplog.set_level(logging.WARNING)
+    database = make_url(own_database).database
+    assert database is not None
+    store = await Target(own_database).open()
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            stream, tool = h.gate_file("stream"), h.gate_file("tool")
+            sid = await h.session(
+                [{"text": "before "}, {"wait_for_file": stream}, {"text": "after", "chunks": 20}],
+                # The turn the database cut off runs again: the script's next turn answers it.
+                [
+                    {"text": "continuing"},
+                    call("slow", "gate", text="ran through the outage", gate=tool),
+                    call("quick", "echo", text="quick"),
+                ],
+                [{"text": "done"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+            try:
+                # Mid-stream: the turn's next batch finds the database gone.
+                await asyncio.to_thread(refuse_connections, postgres_url, database)
+                h.open_gate("stream")
+                await h.until(lambda: _turn_failed(h, sid), timeout=30)
+                await asyncio.sleep(OUTAGE_S)  # the spell's length: no assertion is timed
+                await asyncio.to_thread(allow_connections, postgres_url, database)
+                # Mid-tool: the gate tool runs, the database goes, the tool finishes.
+                await h.until(lambda: h.gate.active == 1, timeout=60)
+                await h.until(lambda: _settled(h, sid, "quick"), timeout=30)
+                caplog.clear()
+                await asyncio.to_thread(refuse_connections, postgres_url, database)
+                h.open_gate("tool")
+                await h.until(lambda: h.gate.active == 0, timeout=30)  # it ran: now settle it
+                await h.until(lambda: _store_retried(caplog), timeout=30)
+                await asyncio.sleep(OUTAGE_S)
+            finally:
+                await asyncio.to_thread(allow_connections, postgres_url, database)
+            await h.client.wait_idle(sid, timeout=90)
+            log = await final_log(store, sid)
+    finally:
+        await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded", log[-1].data
+    assert len({(e.execution_id, e.epoch) for e in log if e.execution_id}) == 1
+    settled = [(e.data.call_id, e.data.type) for e in log if e.data.type in TOOL_TERMINALS]
+    assert sorted(settled) == [("quick", "session.tool.success"), ("slow", "session.tool.success")]
+    assert [e.seq for e in log] == list(range(log[0].seq, log[0].seq + len(log)))
+    # The stream the first spell cut off was closed and its turn run again (the tool ran once).
+    [cut] = [e.data for e in log if e.data.type == "session.step.failed"]
+    assert "database is unavailable" in cut.error.message
+    assert h.gate.started == ["ran through the outage"]
+    text = "".join(getattr(e.data, "text", "") for e in log if e.data.type == "session.text.ended")
+    assert text.startswith("before ") and text.endswith("continuingdone"), text
+
+
+async def _has(h: Harness, sid: str, kind: str) -> bool:
+    return kind in await h.types(sid, deltas=True)
+
+
+async def _settled(h: Harness, sid: str, call_id: str) -> bool:
+    events = await h.events(sid)
+    return any(e.type in TOOL_TERMINALS and e.data.get("call_id") == call_id for e in events)
+
+
+async def _turn_failed(h: Harness, sid: str) -> bool:
+    """Whether a turn activity failed (its appends ran into the outage): Temporal knows,
+    the database being down."""
+    history = await h.client._handle(sid).fetch_history()
+    return any(e.HasField("activity_task_failed_event_attributes") for e in history.events)
+
+
+def _store_retried(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether the tool's settlement was refused by the outage and is being retried."""
+    return any(r.getMessage().startswith(OUTAGE_RETRY) for r in caplog.records)
