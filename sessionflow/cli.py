@@ -12,13 +12,14 @@ Everything heavy (Temporal, SQLAlchemy, the worker) is imported inside the comma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
@@ -605,5 +606,40 @@ def _stack_options(port: int | None, ui_port: int | None, state: Path | None = N
 
 cli_answers.register(app, sys.modules[__name__])  # approve, deny, answer, agent
 
+
+def entry() -> None:
+    """The ``sessionflow`` command: the CLI, then an exit that cannot hang.
+
+    A Temporal connection still being attempted when the process ends (a connect given up on
+    by its timeout, against a port that accepts but never answers) can deadlock the SDK's
+    native runtime on interpreter shutdown: dropping the runtime waits for a thread that is
+    trying to enter the finalizing interpreter (seen as a CLI that printed its error and never
+    exited). Once the command is done, nothing but that is left to finalize: flush, shut
+    tracing down, and leave with ``os._exit``.
+    """
+    code = 0
+    try:
+        app()
+    except SystemExit as done:
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
+        code = done.code if isinstance(done.code, int) else int(done.code is not None)
+    except KeyboardInterrupt:
+        code = 130
+    _leave(code)
+
+
+def _leave(code: int) -> NoReturn:
+    tracing = sys.modules.get("opentelemetry.trace")
+    if tracing is not None:
+        shutdown = getattr(tracing.get_tracer_provider(), "shutdown", None)
+        if shutdown is not None:
+            shutdown()  # export the last spans (os._exit skips the SDK's atexit hook)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (| head), or closed
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(app())
+    entry()
