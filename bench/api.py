@@ -523,3 +523,6 @@ if __name__ == "__main__":
             runner.run(subscribe(sys.argv[2], sys.argv[3], int(sys.argv[4])))
     else:
         run(parse_args())
+        from sessionflow.cli import leave
+
+        leave(0)  # the Temporal runtime can crash a finalizing interpreter (PyGILState_Release)

@@ -105,6 +105,7 @@ from activities.tools.base import Tool, ToolContext, ToolOutput, ToolRegistry  #
 from activities.tools.testing import testing_registry  # noqa: E402
 from bench import counting, tokens  # noqa: E402
 from bench.shell import report as shell_costs_report  # noqa: E402
+from sessionflow.cli import leave  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, ClientEvent, SessionClient  # noqa: E402
 from sessionflow.models.common import ModelRef  # noqa: E402
 from sessionflow.models.drain import WORKFLOW_ID_PREFIX  # noqa: E402
@@ -1189,3 +1190,4 @@ async def run(
 
 if __name__ == "__main__":
     asyncio.run(main())
+    leave(0)  # the Temporal runtime can crash a finalizing interpreter (PyGILState_Release)

@@ -29,6 +29,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from activities.tools.testing import testing_registry  # noqa: E402
+from sessionflow.cli import leave  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, SessionClient  # noqa: E402
 from store import open_store  # noqa: E402
 from worker import build_worker  # noqa: E402
@@ -145,3 +146,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
+    leave(0)  # the Temporal runtime can crash a finalizing interpreter (PyGILState_Release)

@@ -626,10 +626,11 @@ def entry() -> None:
         code = done.code if isinstance(done.code, int) else int(done.code is not None)
     except KeyboardInterrupt:
         code = 130
-    _leave(code)
+    leave(code)
 
 
-def _leave(code: int) -> NoReturn:
+def leave(code: int) -> NoReturn:
+    """End a process that used Temporal without finalizing it (see ``entry``)."""
     tracing = sys.modules.get("opentelemetry.trace")
     if tracing is not None:
         shutdown = getattr(tracing.get_tracer_provider(), "shutdown", None)
