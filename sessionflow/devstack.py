@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -301,7 +302,37 @@ def stop_server(state_dir: Path, port: int | str) -> bool:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    if not _gone_within(pid, STOP_GRACE_S):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        _gone_within(pid, STOP_GRACE_S)
     return True
+
+
+STOP_GRACE_S = 10.0
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Wait until the process has exited (reaped, if it is ours): a stopped dev server has let
+    go of its ports and its database file when ``stop_server`` returns."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:  # not ours: gone, or a zombie nobody reaps yet
+            if not _alive(pid):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def run_dev(console: Console, options: StackOptions) -> None:

@@ -36,7 +36,12 @@ class SessionflowError(Exception):
 
 
 class InvalidInputError(SessionflowError, ValueError):
-    """Input rejected at the edge; nothing was written."""
+    """Input rejected at the edge; nothing was written. ``field``: the input that was wrong,
+    when one is (the HTTP API names it)."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ContextUnavailableError(SessionflowError):

@@ -22,11 +22,13 @@ def workspace(directory: str | Path) -> str:
     path = Path(directory).expanduser().resolve()
     if not path.exists():
         raise InvalidInputError(
-            f"Workspace {path} does not exist: create it, or pass the project's directory"
+            f"Workspace {path} does not exist: create it, or pass the project's directory",
+            field="workspace",
         )
     if not path.is_dir():
         raise InvalidInputError(
-            f"Workspace {path} is not a directory: pass the project's directory, not a file in it"
+            f"Workspace {path} is not a directory: pass the project's directory, not a file in it",
+            field="workspace",
         )
     return str(path)
 
@@ -37,7 +39,8 @@ def model(ref: str | ModelRef) -> ModelRef:
     if parsed.provider_id not in PROVIDER_IDS:
         known = ", ".join(f"{p}/…" for p in PROVIDER_IDS)
         raise InvalidInputError(
-            f"Unknown model provider {parsed.provider_id!r} in {parsed}: use one of {known}"
+            f"Unknown model provider {parsed.provider_id!r} in {parsed}: use one of {known}",
+            field="model",
         )
     if parsed.provider_id != "scripted":
         return parsed
@@ -53,7 +56,7 @@ def check_script(path: Path) -> int:
     try:
         return len(check_script(path, _builtin_inputs()).turns)
     except ScriptError as error:
-        raise InvalidInputError(str(error)) from None
+        raise InvalidInputError(str(error), field="model") from None
 
 
 def _builtin_inputs() -> dict[str, type[BaseModel]]:

@@ -100,6 +100,8 @@ def _taxonomy_field(error: Exception) -> str | None:
         return f"{error.kind.replace(' ', '_')}_id"
     if isinstance(error, UnknownAgentError):
         return "agent"
+    if isinstance(error, errors.InvalidInputError):
+        return error.field
     return None
 
 

@@ -51,6 +51,7 @@ async def events(
 def _cursor(value: str) -> int:
     if not value.lstrip("-").isdigit() or int(value) < -1:
         raise InvalidInputError(
-            f"Last-Event-ID must be an event seq (an integer >= -1), got {value[:40]!r}"
+            f"Last-Event-ID must be an event seq (an integer >= -1), got {value[:40]!r}",
+            field="Last-Event-ID",
         )
     return int(value)

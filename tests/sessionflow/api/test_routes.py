@@ -209,6 +209,11 @@ BAD_SESSIONS: list[tuple[dict[str, Any], str]] = [
         "settings.max_active_tools",
     ),
     ({"workspace": "/tmp", "model": "scripted/x", "colour": "red"}, "colour"),
+    # Checked when the session is created, as the SDK does.
+    ({"workspace": "/nonexistent/dir", "model": "scripted/x"}, "workspace"),
+    ({"workspace": "/etc/hostname", "model": "scripted/x"}, "workspace"),
+    ({"workspace": "/tmp", "model": "nope/x"}, "model"),
+    ({"workspace": "/tmp", "model": "scripted//nonexistent/model.json"}, "model"),
 ]
 
 

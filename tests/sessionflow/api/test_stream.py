@@ -222,10 +222,15 @@ async def test_until_idle_waits_for_work_that_waits_for_a_worker(
 
 async def test_bad_cursors_are_refused(api: Api) -> None:
     sid = await api.session([{"text": "x"}])
-    for headers, query in (({"Last-Event-ID": "abc"}, ""), ({}, "?after=-2"), ({}, "?until=x")):
+    for headers, query, field in (
+        ({"Last-Event-ID": "abc"}, "", "Last-Event-ID"),
+        ({}, "?after=-2", "after"),
+        ({}, "?until=x", "until"),
+    ):
         answer = await api.http.get(f"/sessions/{sid}/events{query}", headers=headers)
         assert answer.status_code == 422, answer.text
         assert answer.json()["error"]["type"] == "InvalidInputError"
+        assert answer.json()["error"]["field"] == field
     missing = await api.http.get("/sessions/ses_missing/events")
     assert missing.status_code == 404
     assert missing.json()["error"]["type"] == "SessionNotFoundError"
