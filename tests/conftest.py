@@ -7,13 +7,16 @@ gets a fresh schema, dropped afterwards.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -45,6 +48,38 @@ class Target:
 
 def _libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+# pytest-timeout's signal (300 s) needs the main thread to run Python again; a hang that never
+# lets it (a native deadlock) ends the process at this bound instead (xdist replaces the
+# worker), leaving every thread's stack in a file that the run's summary prints.
+HARD_TIMEOUT_S = int(os.environ.get("SESSIONFLOW_TEST_HARD_TIMEOUT_S", "420"))
+_HANG_DUMPS = "SESSIONFLOW_HANG_DUMPS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _HANG_DUMPS not in os.environ:  # the controller: its xdist workers inherit the folder
+        os.environ[_HANG_DUMPS] = tempfile.mkdtemp(prefix="sessionflow-hangs-")
+
+
+@pytest.fixture(autouse=True)
+def _hard_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    path = Path(os.environ[_HANG_DUMPS]) / f"{uuid.uuid4().hex}.txt"
+    with path.open("w") as dump:
+        dump.write(f"{request.node.nodeid} ran past {HARD_TIMEOUT_S} s:\n")
+        dump.flush()
+        faulthandler.dump_traceback_later(HARD_TIMEOUT_S, exit=True, file=dump)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    path.unlink()  # it ended: nothing to report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    folder = Path(os.environ.get(_HANG_DUMPS, "/nonexistent"))
+    for dump in sorted(folder.glob("*.txt")):
+        terminalreporter.write_line(dump.read_text())
 
 
 @pytest.fixture(scope="session")
