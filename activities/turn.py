@@ -379,8 +379,11 @@ class _Stream:
         does next (a pause must not hold back what came before it); a ready call not at all."""
         remaining = self.rt.batch_ms / 1000 - (time.monotonic() - self.last_flush)
         if remaining > 0 and not self.urgent.is_set():
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that
+            # arrives as its awaitable completes (the courier would then never stop).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.urgent.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self.urgent.wait()
 
     async def _stop(self, courier: asyncio.Task[None], *, quiet: bool = False) -> None:
         """Let the courier finish the flush it is in, then stop it."""

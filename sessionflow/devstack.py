@@ -96,14 +96,12 @@ async def connect(address: str, *, seconds: float = 2.0) -> Client | None:
     from sessionflow import telemetry
 
     try:
-        return await asyncio.wait_for(
-            Client.connect(
+        async with asyncio.timeout(seconds):
+            return await Client.connect(
                 address,
                 data_converter=pydantic_data_converter,
                 interceptors=telemetry.interceptors(),
-            ),
-            seconds,
-        )
+            )
     except Exception:
         return None
 

@@ -46,7 +46,10 @@ class Doorbell:
     async def wait(self, seconds: float) -> bool:
         """Wait for a ring or ``seconds``; True if it rang. Clears the ring either way."""
         try:
-            await asyncio.wait_for(self._rung.wait(), seconds)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that
+            # arrives as the ring does, and a follower being stopped would follow on forever.
+            async with asyncio.timeout(seconds):
+                await self._rung.wait()
             return True
         except TimeoutError:
             return False
@@ -141,7 +144,8 @@ class Notifier:
             if self._conninfo is not None:
                 self._ensure_listener()
                 with suppress(TimeoutError):
-                    await asyncio.wait_for(self._listening.wait(), 5)
+                    async with asyncio.timeout(5):
+                        await self._listening.wait()
             yield bell
         finally:
             bells = self._bells.get(aggregate_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,6 +15,7 @@ from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from store import Store
 from store.dialect import NOTIFY_CHANNEL
+from store.notify import Doorbell
 from tests.conftest import Target
 from tests.store.conftest import libpq
 
@@ -142,3 +144,30 @@ async def test_a_busy_worker_process_stays_well_under_the_connection_limit(
     assert row is not None
     # The pools' bounds (store.db.Pools) and the hot path's, LISTEN and NOTIFY: 28 at most.
     assert row[0] <= 28
+
+
+async def test_a_doorbell_wait_cancelled_as_it_rings_is_cancelled() -> None:
+    """A follower stopped at the moment its doorbell rings stops. (On Python 3.11,
+    ``asyncio.wait_for`` returned the ring and lost the cancellation, so a stopped feed
+    followed on forever: its ``close`` never returned.)"""
+    bell = Doorbell()
+    waiting = asyncio.create_task(bell.wait(60))
+    await asyncio.sleep(0)  # the task waits for the ring
+    bell.ring()
+    waiting.cancel()  # in the same loop iteration as the ring
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+def test_product_code_never_uses_asyncio_wait_for() -> None:
+    """``asyncio.timeout`` instead: ``wait_for`` loses a cancellation that arrives as its
+    awaitable completes (Python 3.11), which is how a stopped task goes on forever."""
+    root = Path(__file__).parents[2]
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for package in ("activities", "store", "sessionflow", "workflows")
+        for path in (root / package).rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "asyncio.wait_for(" in line
+    ]
+    assert found == []
