@@ -1,19 +1,94 @@
-"""What a PostgreSQL follower relies on, and what it does not: catalogue S7 and D7."""
+"""What a PostgreSQL follower relies on, and what it does not: catalogue S6, S7, D3 and D7."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 import store.notify
 from sessionflow.ids import validate_id
 from store.dialect import NOTIFY_CHANNEL
 from store.events import StoredEvent
 from tests.conftest import Target, _libpq
+from tests.store.conftest import libpq
 from tests.store.helpers import Probe
 from tests.store.procs import appender, spawn
+
+HOUR = 3600.0  # a poll interval no test waits out: an event can only come by a doorbell
+
+
+async def test_a_follower_whose_listener_is_killed_catches_up_then_hears_live_events_again(
+    postgres_url: str, own_database: str
+) -> None:
+    """S6: the listener connection killed with ``pg_terminate_backend``. The follower polls
+    once an hour, so every event it gets after its history comes by a doorbell. Its listener is
+    killed while the database refuses new connections, and 10 events are committed (their
+    NOTIFY heard by no one) before it may reconnect: once it does, the follower catches up from
+    its last seq; then 10 more events reach it only through the reconnected LISTEN. Every seq
+    arrives once, in order, and the listener is a new backend."""
+    database = make_url(own_database).database
+    follower, writer = await Target(own_database).open(), await Target(own_database).open()
+    for store_ in (follower, writer):
+        store_.events.registry.register(Probe)
+    received: list[int] = []
+    arrived = asyncio.Event()
+    wanted = 0
+
+    async def follow() -> None:
+        async for item in follower.events.log("ses_s6", follow=True, poll_interval=HOUR):
+            if isinstance(item, StoredEvent):
+                received.append(item.seq)
+                if item.seq == wanted:
+                    arrived.set()
+
+    async def publish_and_wait(values: range) -> None:
+        nonlocal wanted
+        arrived.clear()
+        wanted = values[-1]
+        for value in values:
+            await writer.events.publish(Probe(session_id="ses_s6", value=value))
+        await asyncio.wait_for(arrived.wait(), 30)
+
+    following = asyncio.create_task(follow())
+    try:
+        await asyncio.wait_for(_listening(follower), 30)
+        await publish_and_wait(range(10))  # live through the first listener
+        killed = follower.notifier.listener_pid
+        with psycopg.connect(libpq(postgres_url), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(%s)", [killed])
+            await asyncio.wait_for(_until(lambda: follower.notifier.reconnects >= 1), 30)
+            arrived.clear()
+            wanted = 19
+            for value in range(10, 20):  # the writer's and announcer's connections stay open
+                await writer.events.publish(Probe(session_id="ses_s6", value=value))
+            assert not arrived.is_set() and received == list(range(10))
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await asyncio.wait_for(arrived.wait(), 30)  # the catch-up, rung by the reconnection
+        assert follower.notifier.listener_pid not in (None, killed)
+        await publish_and_wait(range(20, 30))  # live again, through the new listener only
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await follower.close()
+        await writer.close()
+    assert received == list(range(30))
+
+
+async def _listening(store_: store.Store) -> None:
+    # The follower's subscribe starts the listener; its pid is set once LISTEN is active.
+    await _until(lambda: store_.notifier.listener_pid is not None)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
 
 
 async def test_a_follower_that_hears_no_notification_gets_every_event_by_polling(
