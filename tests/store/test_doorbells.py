@@ -11,12 +11,13 @@ import pytest
 from sqlalchemy.engine import make_url
 
 import store.notify
+from sessionflow.errors import InvalidIdError
 from sessionflow.ids import validate_id
 from store.dialect import NOTIFY_CHANNEL
 from store.events import StoredEvent
-from tests.conftest import Target, _libpq
+from tests.conftest import Target
 from tests.store.conftest import libpq
-from tests.store.helpers import Probe
+from tests.store.helpers import Probe, rows
 from tests.store.procs import appender, spawn
 
 HOUR = 3600.0  # a poll interval no test waits out: an event can only come by a doorbell
@@ -121,20 +122,21 @@ async def test_a_follower_that_hears_no_notification_gets_every_event_by_polling
 
 
 async def test_a_notification_carries_an_id_and_a_seq_never_a_payload(
-    postgres_target: Target,
+    own_database: str,
 ) -> None:
     """D7: PostgreSQL refuses a NOTIFY payload of 8,000 bytes or more. A notification names
     the aggregate and a seq and nothing of the event, so even the longest valid session id (128
-    characters, ``sessionflow.ids``) and a large event ring the bell with a short payload."""
+    characters, ``sessionflow.ids``) and a large event ring the bell with a short payload. On a
+    database of its own: other tests notify on the same channel in the shared one."""
     sid = "s" * 128
     validate_id(sid)
     with pytest.raises(ValueError):
         validate_id(sid + "s")  # the id bound is what bounds the payload
-    writer = await postgres_target.open()
+    writer = await Target(own_database).open()
     writer.events.registry.register(Probe)
     try:
         async with await psycopg.AsyncConnection.connect(
-            _libpq(postgres_target.url), autocommit=True
+            libpq(own_database), autocommit=True
         ) as listener:
             await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             await writer.events.publish(Probe(session_id=sid, value=1 << 62))
@@ -146,3 +148,47 @@ async def test_a_notification_carries_an_id_and_a_seq_never_a_payload(
     assert payload.split()[0] == sid, payload
     assert all(part.isdigit() for part in payload.split()[1:]), payload
     assert len(payload.encode()) < 200
+
+
+HOSTILE_ID = "x\"; LISTEN y; NOTIFY y, 'z'; --"
+
+
+async def test_every_notification_rings_one_fixed_channel_with_the_id_in_its_payload(
+    own_database: str,
+) -> None:
+    """D3: the NOTIFY channel is never built from an id. An event whose aggregate id is
+    hostile (it quotes, LISTENs and NOTIFYs another channel) is refused before anything is
+    written; handed to the announcer all the same, that id rings the fixed channel, whole in the
+    payload, as the longest valid session id does. A listener on the channel the hostile id
+    names hears only the test's own later NOTIFY: notifications arrive in commit order, so
+    nothing of the store's reached it."""
+    longest = "s" * 128
+    writer = await Target(own_database).open()
+    writer.events.registry.register(Probe)
+    try:
+        async with (
+            await psycopg.AsyncConnection.connect(libpq(own_database), autocommit=True) as fixed,
+            await psycopg.AsyncConnection.connect(libpq(own_database), autocommit=True) as named,
+        ):
+            await fixed.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            await named.execute("LISTEN y")
+            with pytest.raises(InvalidIdError):
+                await writer.events.publish(Probe(session_id=HOSTILE_ID, value=1))
+            assert writer.notifier.announcer is not None
+            writer.notifier.announcer.announce(HOSTILE_ID, 1)  # as if it had got through
+            await writer.events.publish(Probe(session_id=longest, value=2))
+            heard = {}
+            async for note in fixed.notifies(timeout=30):
+                heard[note.payload.rpartition(" ")[0]] = note.channel
+                if len(heard) == 2:
+                    break
+            await fixed.execute("SELECT pg_notify('y', 'sentinel')")
+            first = [note.payload async for note in named.notifies(timeout=30, stop_after=1)]
+        written = await rows(
+            writer, "SELECT count(*) FROM event WHERE aggregate_id <> :a", a=longest
+        )
+    finally:
+        await writer.close()
+    assert heard == {HOSTILE_ID: NOTIFY_CHANNEL, longest: NOTIFY_CHANNEL}
+    assert first == ["sentinel"]
+    assert written == [(0,)]

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,9 +16,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
+from sessionflow.errors import InvalidIdError
+from sessionflow.models.drain import workflow_id
 from store import Store
 from store.schema import execution_table
 from tests.conftest import Target, start_dev_server, temporal_binary
@@ -383,6 +387,28 @@ async def test_a_prompt_sent_three_times_at_once_is_one_message_in_one_run(h: Ha
     ]
     names = [s.workflow_execution_signaled_event_attributes.signal_name for s in signals]
     assert names == ["wake", "wake", "wake"]  # all three wakes reached the one run
+
+
+async def test_the_longest_valid_session_id_runs_under_a_workflow_id_temporal_accepts(
+    h: Harness,
+) -> None:
+    """D3: the Temporal workflow id of the longest valid session id (128 characters) stays far
+    under the server's limit of 1,000 characters, which this server enforces (an id of 1,001 is
+    refused); a session of that id runs a turn under it, and one character more is refused
+    before anything is written."""
+    sid = f"ses_{uuid.uuid4().hex}".ljust(128, "x")  # fresh in the shared server
+    with pytest.raises(InvalidIdError):
+        await h.session([{"text": "never"}], session_id=sid + "x")
+    assert await h.session([{"text": "done"}], session_id=sid) == sid
+    await h.client.prompt(sid, "Go")
+    await h.client.wait_idle(sid, timeout=30)
+    described = await h.client._handle(sid).describe()
+    assert described.id == workflow_id(sid) and len(described.id) <= 1000
+    assert (await h.types(sid))[-1] == "session.execution.succeeded"
+    with pytest.raises(RPCError, match="exceeds maximum allowed length"):
+        await h.client.temporal.start_workflow(
+            "SessionWorkflow", id="w" * 1001, task_queue=f"tq-{uuid.uuid4()}"
+        )
 
 
 @pytest.mark.fault
