@@ -26,65 +26,74 @@ HOUR = 3600.0  # a poll interval no test waits out: an event can only come by a 
 async def test_a_follower_whose_listener_is_killed_catches_up_then_hears_live_events_again(
     postgres_url: str, own_database: str
 ) -> None:
-    """S6: the listener connection killed with ``pg_terminate_backend``. The follower polls
-    once an hour, so every event it gets after its history comes by a doorbell. Its listener is
-    killed while the database refuses new connections, and 10 events are committed (their
-    NOTIFY heard by no one) before it may reconnect: once it does, the follower catches up from
-    its last seq; then 10 more events reach it only through the reconnected LISTEN. Every seq
-    arrives once, in order, and the listener is a new backend."""
+    """S6: the listener connection killed with ``pg_terminate_backend``. The followers poll
+    once an hour, so every event they get after their history comes by a doorbell. A warm-up
+    event to another session shows the first listener live. Then the listener is killed while
+    the database refuses new connections, and 10 events are committed to the followed session
+    (their NOTIFY heard by no one, and no ring of that session pending) before it may reconnect:
+    once it does, the follower catches up from its last seq; then 10 more events reach it only
+    through the reconnected LISTEN. Every seq arrives once, in order; the listener is a new
+    backend."""
     database = make_url(own_database).database
     follower, writer = await Target(own_database).open(), await Target(own_database).open()
     for store_ in (follower, writer):
         store_.events.registry.register(Probe)
-    received: list[int] = []
-    arrived = asyncio.Event()
-    wanted = 0
+    followed, warm = _Followed(follower, "ses_s6"), _Followed(follower, "ses_warm")
 
-    async def follow() -> None:
-        async for item in follower.events.log("ses_s6", follow=True, poll_interval=HOUR):
-            if isinstance(item, StoredEvent):
-                received.append(item.seq)
-                if item.seq == wanted:
-                    arrived.set()
-
-    async def publish_and_wait(values: range) -> None:
-        nonlocal wanted
-        arrived.clear()
-        wanted = values[-1]
+    async def publish(aggregate: str, values: range) -> None:
         for value in values:
-            await writer.events.publish(Probe(session_id="ses_s6", value=value))
-        await asyncio.wait_for(arrived.wait(), 30)
+            await writer.events.publish(Probe(session_id=aggregate, value=value))
 
-    following = asyncio.create_task(follow())
     try:
-        await asyncio.wait_for(_listening(follower), 30)
-        await publish_and_wait(range(10))  # live through the first listener
+        await asyncio.wait_for(_until(lambda: followed.synced and warm.synced), 30)
+        await publish("ses_warm", range(1))
+        await warm.until(0)  # live through the first listener
         killed = follower.notifier.listener_pid
         with psycopg.connect(libpq(postgres_url), autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
             admin.execute("SELECT pg_terminate_backend(%s)", [killed])
             await asyncio.wait_for(_until(lambda: follower.notifier.reconnects >= 1), 30)
-            arrived.clear()
-            wanted = 19
-            for value in range(10, 20):  # the writer's and announcer's connections stay open
-                await writer.events.publish(Probe(session_id="ses_s6", value=value))
-            assert not arrived.is_set() and received == list(range(10))
+            await publish("ses_s6", range(10))  # the writer's and announcer's connections stay
+            assert followed.received == []
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
-        await asyncio.wait_for(arrived.wait(), 30)  # the catch-up, rung by the reconnection
+        await followed.until(9)  # the catch-up, rung by the reconnection
         assert follower.notifier.listener_pid not in (None, killed)
-        await publish_and_wait(range(20, 30))  # live again, through the new listener only
+        await publish("ses_s6", range(10, 20))
+        await followed.until(19)  # live again, through the new listener only
     finally:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
+        await followed.stop()
+        await warm.stop()
         await follower.close()
         await writer.close()
-    assert received == list(range(30))
+    assert followed.received == list(range(20))
 
 
-async def _listening(store_: store.Store) -> None:
-    # The follower's subscribe starts the listener; its pid is set once LISTEN is active.
-    await _until(lambda: store_.notifier.listener_pid is not None)
+class _Followed:
+    """A follower of one aggregate (polling once an hour), and the seqs it received."""
+
+    def __init__(self, store_: store.Store, aggregate: str) -> None:
+        self.received: list[int] = []
+        self.synced = False
+        self._arrived = asyncio.Condition()
+        self._task = asyncio.create_task(self._follow(store_, aggregate))
+
+    async def _follow(self, store_: store.Store, aggregate: str) -> None:
+        async for item in store_.events.log(aggregate, follow=True, poll_interval=HOUR):
+            if isinstance(item, StoredEvent):
+                async with self._arrived:
+                    self.received.append(item.seq)
+                    self._arrived.notify_all()
+            else:
+                self.synced = True
+
+    async def until(self, seq: int) -> None:
+        async with self._arrived:
+            await asyncio.wait_for(self._arrived.wait_for(lambda: seq in self.received), 30)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
 
 async def _until(condition: Callable[[], bool]) -> None:
