@@ -134,6 +134,39 @@ async def test_epochs_strictly_increase_across_release_and_takeover(store: Store
     assert epochs == [1, 2, 3]
 
 
+CLAIMS = 500  # as many as take a few seconds on each database here, under load
+
+
+async def test_no_two_of_many_claims_share_a_fencing_token(store: Store) -> None:
+    """Catalogue F8: ids unique across many claims. One session is claimed 500 times by one
+    execution id, reused every time (the worst case: the workflow's ids, run id and period, are
+    never reused), each claim released or left to expire in turn. The epochs are exactly 1 ..
+    500, so no two claims share a fencing token (execution id, epoch); once the next claim is
+    held, the first, a middle and the last of them are all refused and write nothing."""
+    sid = await new_session(store)
+    claims = []
+    for number in range(CLAIMS):
+        claim = await store.claims.acquire(sid, "exec_reused", "owner")
+        claims.append(claim)
+        if number % 2:
+            await store.claims.release(claim)
+        else:
+            await expire(store, sid)
+    assert [c.epoch for c in claims] == list(range(1, CLAIMS + 1))
+    assert len({(c.execution_id, c.epoch) for c in claims}) == CLAIMS
+    live = await store.claims.acquire(sid, "exec_reused", "owner")
+    assert live.epoch == CLAIMS + 1
+    before = await store.events.latest_sequence(sid)
+    for stale in (claims[0], claims[CLAIMS // 2], claims[-1]):
+        with pytest.raises(ClaimLostError):
+            await store.claims.renew(stale)
+        with pytest.raises(ClaimLostError):
+            async with store.claims.fenced(stale) as tx:
+                await store.events.publish(ev.Synthetic(session_id=sid, text="stale"), tx=tx)
+    assert await store.events.latest_sequence(sid) == before
+    assert (await store.claims.renew(live)).epoch == live.epoch
+
+
 async def test_an_expired_claim_never_renews_itself(store: Store) -> None:
     """Catalogue F5: an expired claim never renews itself."""
     sid = await new_session(store)

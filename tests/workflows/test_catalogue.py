@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,9 +17,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
+from sessionflow.errors import InvalidIdError
+from sessionflow.models.common import SessionError
+from sessionflow.models.drain import workflow_id
 from store import Store
 from store.schema import execution_table
 from tests.conftest import Target, start_dev_server, temporal_binary
@@ -383,6 +389,59 @@ async def test_a_prompt_sent_three_times_at_once_is_one_message_in_one_run(h: Ha
     ]
     names = [s.workflow_execution_signaled_event_attributes.signal_name for s in signals]
     assert names == ["wake", "wake", "wake"]  # all three wakes reached the one run
+
+
+async def test_the_longest_valid_session_id_runs_under_a_workflow_id_temporal_accepts(
+    h: Harness,
+) -> None:
+    """D3: the Temporal workflow id of the longest valid session id (128 characters) stays far
+    under the server's limit of 1,000 characters, which this server enforces (an id of 1,001 is
+    refused); a session of that id runs a turn under it, and one character more is refused
+    before anything is written."""
+    sid = f"ses_{uuid.uuid4().hex}".ljust(128, "x")  # fresh in the shared server
+    with pytest.raises(InvalidIdError):
+        await h.session([{"text": "never"}], session_id=sid + "x")
+    assert await h.session([{"text": "done"}], session_id=sid) == sid
+    await h.client.prompt(sid, "Go")
+    await h.client.wait_idle(sid, timeout=30)
+    described = await h.client._handle(sid).describe()
+    assert described.id == workflow_id(sid) and len(described.id) <= 1000
+    assert (await h.types(sid))[-1] == "session.execution.succeeded"
+    with pytest.raises(RPCError, match="exceeds maximum allowed length"):
+        await h.client.temporal.start_workflow(
+            "SessionWorkflow", id="w" * 1001, task_queue=f"tq-{uuid.uuid4()}"
+        )
+
+
+@pytest.mark.fault  # the drain's own backoff, 2 + 4 + 8 + 16 s of durable timers, is waited out
+async def test_a_provider_that_keeps_failing_is_retried_up_to_the_cap_then_fails_the_step_once(
+    h: Harness,
+) -> None:
+    """P8: the attempt cap reached. A scripted provider fails every request with a retryable
+    transport error: the drain asks it 1 + ``MAX_RETRIES`` times, each retry scheduled once
+    (attempts 2 to 5, the error named) and each after the one before with the backoff doubling,
+    then the step fails once with that error, the busy period fails, and no request follows."""
+    unavailable = {"error": {"kind": "transport", "message": "Provider unavailable"}}
+    attempts = 1 + session_workflow.MAX_RETRIES
+    sid = await h.session(*([unavailable] for _ in range(attempts)), [{"text": "never"}])
+    await h.client.prompt(sid, "Go", wake=False)
+    outcome = await h.client.resume(sid)
+    transport = SessionError(type="provider.transport", message="Provider unavailable")
+    assert (outcome.type, outcome.error) == ("failed", transport)
+    assert len(h.requests()) == attempts
+    events = await h.events(sid)
+    retries = [e.data for e in events if e.type == "session.retry.scheduled"]
+    assert [r["attempt"] for r in retries] == list(range(2, attempts + 1))
+    assert {r["error"]["type"] for r in retries} == {"provider.transport"}
+    # Each retry is scheduled once the timer before it fired (the workflow's clock).
+    gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(retries)]
+    assert all(gap >= 2000 * 2 ** (i + 1) for i, gap in enumerate(gaps)), gaps
+    types = [e.type for e in events]
+    assert types.count("session.step.started") == attempts
+    assert types.count("session.step.failed") == 1
+    assert types[-1] == "session.execution.failed"
+    (assistant,) = [m for m in await h.messages(sid) if m.type == "assistant"]
+    assert (assistant.finish, assistant.error) == ("error", transport)
 
 
 @pytest.mark.fault

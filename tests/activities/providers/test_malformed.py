@@ -12,7 +12,7 @@ from activities.providers import base as p
 from activities.providers.assembly import MAX_TOOL_INPUT_BYTES
 from sessionflow.models import events as ev
 from tests.activities.providers.server import ReplayServer, Reply, sse
-from tests.activities.providers.support import publish, request, run, settings
+from tests.activities.providers.support import publish, publishable, request, run, settings
 
 ANTHROPIC = "anthropic/claude-haiku-4-5"
 CHAT = "openai-chat/gpt-4o-mini"
@@ -69,6 +69,47 @@ async def test_a_result_for_a_call_never_made_is_a_protocol_error(server: Replay
     assert outcome.error.kind == "invalid_output"
     assert "Tool result before call: srvtoolu_x" in outcome.error.message
     assert not outcome.of(p.ToolResult)
+
+
+async def test_tool_input_for_a_call_never_opened_is_dropped_by_chat_and_responses(
+    server: ReplayServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """P1 on the OpenAI adapters, which have no hosted results to orphan: tool input for a call
+    that was never opened (Chat: argument pieces at an index that never names its call;
+    Responses: argument deltas for an item never added) comes out as no tool event at all, is
+    logged, and the turn's text goes on to a clean finish that the publisher accepts."""
+    orphan = {"index": 3, "function": {"arguments": '{"text": "ghost"}'}}
+    server.queue(
+        Reply.events(chat({"tool_calls": [orphan]}), chat({"content": "hi"}), chat({}, "stop"))
+    )
+    with caplog.at_level(logging.WARNING, logger="activities.providers"):
+        chat_outcome = await run(settings(server), request(CHAT))
+    assert "never named their tool" in caplog.text
+    caplog.clear()
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
+    server.queue(
+        Reply.events(
+            a("response.function_call_arguments.delta", item_id="fc_ghost", delta='{"a"'),
+            a("response.function_call_arguments.delta", item_id="fc_ghost", delta=": 1}"),
+            a("response.output_item.added", output_index=0, item=message),
+            a("response.output_text.delta", item_id="msg_1", delta="hi"),
+            a("response.output_item.done", output_index=0, item=message),
+            a("response.completed", response={"status": "completed"}),
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="activities.providers"):
+        responses_outcome = await run(settings(server), request(RESPONSES))
+    assert "tool input for a block that is not open" in caplog.text
+    for outcome in (chat_outcome, responses_outcome):
+        assert outcome.error is None
+        assert [type(e) for e in outcome.events] == [
+            p.TextStart,
+            p.TextDelta,
+            p.TextEnd,
+            p.StepFinish,
+        ]
+        assert outcome.finish.reason == "stop"
+        assert publishable(outcome.events)
 
 
 async def test_duplicate_call_ids_are_called_once(server: ReplayServer) -> None:
