@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -303,7 +304,10 @@ class _Stream:
     ) -> None:
         self.rt, self.claim, self.request, self.publisher = rt, claim, request, publisher
         self.last_step, self.hidden = last_step, hidden
-        self.began = self.last_flush = time.monotonic()
+        self.began = time.monotonic()
+        # Nothing of this stream is flushed yet: its first event goes at once (the batch
+        # interval paces the flushes after it), so a turn's first tokens are never held back.
+        self.last_flush = -math.inf
         self.calls: list[CallRef] = []
         self.ready: list[CallRef] = []
         self.kick = asyncio.Event()  # something waits to be flushed

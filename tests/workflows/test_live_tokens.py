@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
+from store import Store
 from tests.conftest import Target
-from tests.workflows.harness import Harness
+from tests.workflows.harness import Harness, harness
 
 ROOT = Path(__file__).parents[2]
 
@@ -100,3 +102,23 @@ async def test_the_last_text_before_a_long_wait_is_live(h: Harness, target: Targ
         follower.stop()
     assert (await h.client.interrupt(sid)).status == "stopped"  # ends the ten-minute wait
     await h.client.wait_idle(sid, timeout=30)
+
+
+async def test_a_turns_first_tokens_do_not_wait_for_the_batch_interval(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path, target: Target
+) -> None:
+    """With a batch interval of a minute, the first text of a turn still reaches a follower
+    in another process while the provider waits: the interval paces the flushes after the
+    first, it never holds the first back (the follower would wait a minute, past its bound)."""
+    async with harness(temporal_env.client, store, tmp_path, batch_ms=60_000) as h:
+        sid = await h.session([{"text": "at once"}, {"wait_for_file": h.gate_file("pause")}])
+        follower = Follower(target, sid)
+        try:
+            await follower.until(lambda e: e["type"] == "ready")
+            await h.client.prompt(sid, "Go")
+            await follower.until(_delta("session.text.delta", "at once"))
+            assert not Path(h.gate_file("pause")).exists()
+        finally:
+            h.open_gate("pause")
+            follower.stop()
+        await h.client.wait_idle(sid, timeout=90)
