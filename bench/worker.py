@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 
 from bench.drain import Clock, bench_tools
+from sessionflow.cli import leave
 from sessionflow.settings import Settings
 from store import open_store
 from worker import build_worker, connect
@@ -36,3 +37,4 @@ async def main(address: str, task_queue: str, url: str) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main(*sys.argv[1:4]))
+    leave(0)  # the Temporal runtime can crash a finalizing interpreter (PyGILState_Release)

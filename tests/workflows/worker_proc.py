@@ -13,6 +13,7 @@ import signal
 import sys
 from datetime import timedelta
 
+from sessionflow.cli import leave
 from sessionflow.settings import Settings
 from store import open_store
 from tests.workflows.tools import Gate, registry
@@ -45,3 +46,4 @@ async def main(address: str, task_queue: str, url: str, schema: str | None) -> N
 if __name__ == "__main__":
     address, task_queue, url, schema = sys.argv[1:5]
     asyncio.run(main(address, task_queue, url, None if schema == "-" else schema))
+    leave(0)  # as the CLI does: the Temporal runtime can crash a finalizing interpreter
