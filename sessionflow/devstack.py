@@ -319,13 +319,15 @@ def _gone_within(pid: int, seconds: float) -> bool:
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return True
         except ChildProcessError:  # not ours: gone, or a zombie nobody reaps yet
-            if not _alive(pid):
+            if not alive(pid):
                 return True
         time.sleep(0.05)
     return False
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs, a zombie counting as gone (a container's init may never reap
+    orphans)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

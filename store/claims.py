@@ -330,16 +330,7 @@ class Claims:
 
     async def _renew_for_run(self, tx: Tx, claim: Claim, run: ToolAttempt) -> None:
         """Renew, and check that ``run`` is its call's latest attempt, in one statement."""
-        params: dict[str, Any] = {
-            "sid": claim.session_id,
-            "eid": claim.execution_id,
-            "owner": claim.owner_id,
-            "epoch": claim.epoch,
-            "lease": claim.lease_ms,
-            "mid": run.assistant_message_id,
-            "cid": run.call_id,
-            "run_attempt": run.attempt,
-        }
+        params = {**fence_params(claim), **run_params(run)}
         if await _RENEW_RUN.first(tx.conn, tx.dialect, params) is not None:
             return
         await ToolRuns().check(tx, run)  # a later attempt took the call: StaleAttemptError
@@ -362,13 +353,7 @@ class Claims:
         return await self.db.transact(fenced_work, stamp=Stamp(claim.execution_id, claim.epoch))
 
     async def _renew_in(self, tx: Tx, claim: Claim, step_attempt: int | None) -> Claim:
-        params: dict[str, Any] = {
-            "sid": claim.session_id,
-            "eid": claim.execution_id,
-            "owner": claim.owner_id,
-            "epoch": claim.epoch,
-            "lease": claim.lease_ms,
-        }
+        params = fence_params(claim)
         if step_attempt is None:
             row = await _RENEW.first(tx.conn, tx.dialect, params)
         else:
@@ -463,6 +448,24 @@ class Claims:
     async def clear_recoveries(self, tx: Tx, session_id: str) -> None:
         """Forget the session's recoveries: a terminal event ended the orphaned turn."""
         await _CLEAR_RECOVERIES.rows(tx.conn, tx.dialect, {"sid": session_id})
+
+
+def fence_params(claim: Claim) -> dict[str, Any]:
+    """The parameters every fence statement takes: whose claim, at which epoch, renewed by
+    how much (``sid``, ``eid``, ``owner``, ``epoch``, ``lease``)."""
+    return {
+        "sid": claim.session_id,
+        "eid": claim.execution_id,
+        "owner": claim.owner_id,
+        "epoch": claim.epoch,
+        "lease": claim.lease_ms,
+    }
+
+
+def run_params(run: ToolAttempt) -> dict[str, Any]:
+    """A tool call's attempt, as the fences that check it take it (``mid``, ``cid``,
+    ``run_attempt``)."""
+    return {"mid": run.assistant_message_id, "cid": run.call_id, "run_attempt": run.attempt}
 
 
 def _renew(*, attempt: bool = False, run: bool = False) -> Prepared:

@@ -11,7 +11,7 @@ from sessionflow.models import events as ev
 from sessionflow.models.events import Event
 from sessionflow.settings import Settings
 from store import codec, projector
-from store.claims import Claim, Claims
+from store.claims import Claim, Claims, fence_params, run_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
 from store.fast import PostgresWriter, SqliteWriter
@@ -64,14 +64,7 @@ class Store:
 
             return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
         rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
-        fence = {
-            "sid": claim.session_id,
-            "eid": claim.execution_id,
-            "owner": claim.owner_id,
-            "epoch": claim.epoch,
-            "lease": claim.lease_ms,
-            "attempt": -1 if step_attempt is None else step_attempt,
-        }
+        fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
         stored: list[StoredEvent] = []
 
         def announce() -> None:  # runs with the commit, before a cancellation can cut in
@@ -104,14 +97,8 @@ class Store:
         if not apply_tool(part, event, row["created"]):
             return None
         params = {
-            "sid": claim.session_id,
-            "eid": claim.execution_id,
-            "owner": claim.owner_id,
-            "epoch": claim.epoch,
-            "lease": claim.lease_ms,
-            "mid": run.assistant_message_id,
-            "cid": run.call_id,
-            "run_attempt": run.attempt,
+            **fence_params(claim),
+            **run_params(run),
             "position": before.position,
             "before": before.data,
             "part": codec.dump_model(part),
