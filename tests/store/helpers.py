@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any, ClassVar, Literal
 
 import sqlalchemy as sa
 
+from sessionflow.errors import SessionflowError
 from sessionflow.models.events import Event, SessionEventBase
 from store import Store
 
@@ -55,3 +57,30 @@ async def until_waiting_for(store: Store, pid: int) -> None:
 async def backend_pid(tx: Any) -> int:
     """PostgreSQL: the backend of the transaction ``tx``."""
     return int((await tx.conn.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one())
+
+
+async def appends_with_rollbacks(stores: list[Store], attempts: int) -> int:
+    """``attempts`` appends to one aggregate (``ses_gapless``) from ``stores`` at once, about
+    30 % of their transactions aborted after the insert; checks the committed seqs are exactly
+    0 .. committed - 1 (catalogue S3) and returns how many committed."""
+
+    async def append(store: Store, rng: random.Random) -> int:
+        done = 0
+        for value in range(attempts // len(stores)):
+            try:
+                async with store.db.write() as tx:
+                    await store.events.publish(Probe(session_id="ses_gapless", value=value), tx=tx)
+                    if rng.random() < 0.3:
+                        raise SessionflowError("abort this transaction")
+                done += 1
+            except SessionflowError:
+                pass
+        return done
+
+    counts = await asyncio.gather(*(append(s, random.Random(i)) for i, s in enumerate(stores)))
+    committed = sum(counts)
+    seqs = await rows(
+        stores[0], "SELECT seq FROM event WHERE aggregate_id = 'ses_gapless' ORDER BY seq"
+    )
+    assert [s[0] for s in seqs] == list(range(committed))
+    return committed

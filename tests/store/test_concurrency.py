@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import random
 
 import pytest
 
-from sessionflow.errors import SessionflowError
 from store import Store
 from store.events import StoredEvent
 from tests.conftest import StoreFactory, Target
-from tests.store.helpers import Probe, rows
+from tests.store.helpers import Probe, appends_with_rollbacks, rows
 from tests.store.procs import appender, claim_racer, spawn
 
 APPENDERS = 4
@@ -75,27 +73,7 @@ async def test_concurrent_appenders_with_aborted_transactions_stay_gap_free(
     stores = [await open_test_store() for _ in range(APPENDERS)]
     for store in stores:
         store.events.registry.register(Probe)
-    committed = 0
-
-    async def append(store: Store, rng: random.Random) -> int:
-        done = 0
-        for value in range(APPENDS // APPENDERS):
-            try:
-                async with store.db.write() as tx:
-                    await store.events.publish(Probe(session_id="ses_gapless", value=value), tx=tx)
-                    if rng.random() < 0.3:
-                        raise SessionflowError("abort this transaction")
-                done += 1
-            except SessionflowError:
-                pass
-        return done
-
-    counts = await asyncio.gather(*(append(s, random.Random(i)) for i, s in enumerate(stores)))
-    committed = sum(counts)
-    seqs = await rows(
-        stores[0], "SELECT seq FROM event WHERE aggregate_id = 'ses_gapless' ORDER BY seq"
-    )
-    assert [s[0] for s in seqs] == list(range(committed))
+    committed = await appends_with_rollbacks(stores, APPENDS)
     assert 0.6 * APPENDS < committed < 0.8 * APPENDS
 
 

@@ -10,18 +10,24 @@ sequence row is a raw connection, so it runs at the database's default.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
-from sessionflow.errors import ClaimHeldError, SequenceConflictError, SessionflowError
+from sessionflow.errors import ClaimHeldError, SequenceConflictError
 from store import Store
 from store.claims import Claim
 from tests.conftest import Target
 from tests.store.conftest import libpq
-from tests.store.helpers import Probe, backend_pid, count, rows, until_waiting_for
+from tests.store.helpers import (
+    Probe,
+    appends_with_rollbacks,
+    backend_pid,
+    count,
+    rows,
+    until_waiting_for,
+)
 from tests.store.test_fast import INTRUDER, claimed, deltas
 
 STORES = 4
@@ -120,23 +126,5 @@ async def test_appends_with_aborts_stay_gap_free_whatever_the_default_isolation(
     """S12 with S3: four stores append 400 events at once to one aggregate, about 30 % of the
     transactions aborted after their insert: the committed seqs are exactly 0 .. committed - 1."""
 
-    async def append(store: Store, rng: random.Random) -> int:
-        done = 0
-        for value in range(APPENDS // STORES):
-            try:
-                async with store.db.write() as tx:
-                    await store.events.publish(Probe(session_id="ses_gapless", value=value), tx=tx)
-                    if rng.random() < 0.3:
-                        raise SessionflowError("abort this transaction")
-                done += 1
-            except SessionflowError:
-                pass
-        return done
-
-    counts = await asyncio.gather(*(append(s, random.Random(i)) for i, s in enumerate(stores)))
-    committed = sum(counts)
-    seqs = await rows(
-        stores[0], "SELECT seq FROM event WHERE aggregate_id = 'ses_gapless' ORDER BY seq"
-    )
-    assert [s[0] for s in seqs] == list(range(committed))
+    committed = await appends_with_rollbacks(stores, APPENDS)
     assert 0.5 * APPENDS < committed < 0.9 * APPENDS
