@@ -21,8 +21,8 @@ from sessionflow.models import events as ev
 from store import Store
 from store.claims import Claim
 from store.dialect import now_ms
-from tests.conftest import Target
-from tests.store.helpers import count, rows, until_waiting_for
+from tests.conftest import StoreFactory, Target
+from tests.store.helpers import backend_pid, count, rows, until_waiting_for
 
 
 async def new_session(store: Store) -> str:
@@ -507,3 +507,99 @@ async def test_a_skewed_worker_clock_changes_no_claim_decision(
     with pytest.raises(ClaimLostError):
         async with store.claims.fenced(renewed):
             pass
+
+
+SHORT_LEASE_MS = 300  # A's claim expires by the database clock while the test watches
+_EXPIRY = "SELECT expires_at FROM session_execution WHERE session_id = :sid"
+
+
+async def until_expired(store: Store, sid: str, expires_at: int) -> None:
+    """Wait until the database clock has passed ``expires_at`` (a latch, not a timer)."""
+    while await db_now(store) <= expires_at:
+        await asyncio.sleep(0.02)
+
+
+async def seqs_by_execution(store: Store, sid: str) -> list[tuple[int, str | None, int | None]]:
+    query = "SELECT seq, execution_id, epoch FROM event WHERE aggregate_id = :sid ORDER BY seq"
+    return [(int(s), x, e) for s, x, e in await rows(store, query, sid=sid)]
+
+
+async def test_a_delayed_write_released_before_a_real_expiry_comes_before_the_takeover(
+    open_test_store: StoreFactory,
+) -> None:
+    """Catalogue F3, order (a): A's write, paused after its fence check, is released (and
+    commits) before a takeover that follows the claim's real expiry by the database clock:
+    A's event is visible, B's first seq follows it, and A's next write is refused."""
+    store, other = await open_test_store(), await open_test_store()
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a", lease_ms=SHORT_LEASE_MS)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def delayed_writer() -> int:
+        async with store.claims.fenced(claim) as tx:  # the fence check renews the claim
+            await store.events.publish(ev.Synthetic(session_id=sid, text="a"), tx=tx)
+            (expires_at,) = (await tx.conn.execute(sa.text(_EXPIRY), {"sid": sid})).one()
+            entered.set()
+            await release.wait()
+        return int(expires_at)
+
+    writer = asyncio.create_task(delayed_writer())
+    await entered.wait()
+    release.set()
+    expires_at = await writer  # committed: released before any takeover
+    await until_expired(other, sid, expires_at)
+    successor = await other.claims.acquire(sid, "exec_b", "owner-b")
+    async with other.claims.fenced(successor) as tx:
+        await other.events.publish(ev.Synthetic(session_id=sid, text="b"), tx=tx)
+    with pytest.raises(ClaimLostError, match="taken over by execution exec_b"):
+        async with store.claims.fenced(claim) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="late"), tx=tx)
+    stamped = [(x, e) for _s, x, e in await seqs_by_execution(store, sid) if x is not None]
+    assert stamped == [("exec_a", claim.epoch), ("exec_b", claim.epoch + 1)]
+    messages = await other.sessions.messages(sid)
+    assert [m.text for m in messages] == ["a", "b"] and messages[0].seq < messages[1].seq
+
+
+async def test_a_delayed_write_past_its_real_expiry_is_never_committed_after_the_takeover(
+    open_test_store: StoreFactory,
+) -> None:
+    """Catalogue F3, order (b), against an expired claim on both databases: A's write passed
+    its fence check, then its claim expired by the database clock while the write stayed open,
+    and B's takeover (from another store, another writer connection) starts before A's write
+    is released. B waits for A's transaction (SQLite's write lock, PostgreSQL's claim row
+    lock): A's event commits first, and B's takeover, deciding after the wait, finds the claim
+    expired, takes it over and appends after it."""
+    store, other = await open_test_store(), await open_test_store()
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner-a", lease_ms=SHORT_LEASE_MS)
+    entered, release = asyncio.Event(), asyncio.Event()
+    opened: dict[str, int] = {}
+
+    async def delayed_writer() -> None:
+        async with store.claims.fenced(claim) as tx:
+            await store.events.publish(ev.Synthetic(session_id=sid, text="a"), tx=tx)
+            (opened["expires_at"],) = (await tx.conn.execute(sa.text(_EXPIRY), {"sid": sid})).one()
+            if store.db.dialect == "postgresql":
+                opened["pid"] = await backend_pid(tx)
+            entered.set()
+            await release.wait()
+
+    writer = asyncio.create_task(delayed_writer())
+    await entered.wait()
+    await until_expired(other, sid, opened["expires_at"])  # expired, A's write still open
+    taker = asyncio.create_task(other.claims.acquire(sid, "exec_b", "owner-b"))
+    if store.db.dialect == "postgresql":
+        await until_waiting_for(other, opened["pid"])  # B waits for A's claim row lock
+    else:
+        await asyncio.sleep(0.2)  # B most likely waits for the write lock (either way holds)
+    assert not writer.done()
+    release.set()
+    await writer  # A's commit: it passed its fence while the claim was live
+    successor = await asyncio.wait_for(taker, 30)
+    assert successor.epoch == claim.epoch + 1
+    async with other.claims.fenced(successor) as tx:
+        await other.events.publish(ev.Synthetic(session_id=sid, text="b"), tx=tx)
+    stamped = [(x, e) for _s, x, e in await seqs_by_execution(store, sid) if x is not None]
+    assert stamped == [("exec_a", claim.epoch), ("exec_b", successor.epoch)]
+    with pytest.raises(ClaimLostError, match="taken over by execution exec_b"):
+        await store.claims.renew(claim)
