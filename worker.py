@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -205,13 +205,34 @@ async def ensure_sweep_schedule(
         await client.create_schedule(SWEEP_WORKFLOW_ID, schedule)
 
 
-async def reap_orphans_forever(every: float = 10.0) -> None:
+def reap_now() -> None:
     """Kill tool process groups left by workers on this host that died without cleaning up."""
+    killed = reap_orphans()
+    if killed:
+        log.warning("killed %d tool process group(s) of dead workers: %s", len(killed), killed)
+
+
+async def reap_orphans_forever(every: float = 10.0) -> None:
+    """``reap_now`` every ``every`` seconds (``serving`` reaped once already)."""
     while True:
-        killed = reap_orphans()
-        if killed:
-            log.warning("killed %d tool process group(s) of dead workers: %s", len(killed), killed)
         await asyncio.sleep(every)
+        reap_now()
+
+
+@contextlib.asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[Worker]:
+    """Run ``worker`` as a host's worker does: the orphans of workers that died here (a
+    SIGKILL of a whole process group, an OOM kill) are reaped before it polls, so none
+    outlives its worker by more than a start-up, then every 10 s; on the way out what this
+    process still runs is killed (Temporal's cancellation of running tools came first)."""
+    reap_now()
+    reaper = asyncio.create_task(reap_orphans_forever())
+    try:
+        async with worker:
+            yield worker
+    finally:
+        reaper.cancel()
+        kill_running()
 
 
 async def main() -> None:
@@ -246,13 +267,9 @@ async def main() -> None:
     shell = describe_sandbox(ToolSettings(sandbox=settings.sandbox))
     (log.info if settings.sandbox and "unavailable" not in shell else log.warning)(shell)
     log.info("worker %s polling %s on %s, store %s", identity(), task_queue, address, database_url)
-    reaper = asyncio.create_task(reap_orphans_forever())
-    async with worker:
+    async with serving(worker):
         await stop.wait()
         log.info("shutting down")
-    reaper.cancel()
-    # Temporal's cancellation already ended running tools; this is the backstop.
-    kill_running()
     await store.close()
 
 

@@ -353,22 +353,23 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     from sessionflow.models.drain import TASK_QUEUE
     from sessionflow.settings import Settings
     from store import open_store
-    from worker import build_worker, ensure_sweep_schedule, reap_orphans_forever, tools_from_env
+    from worker import build_worker, ensure_sweep_schedule, serving, tools_from_env
 
     quiet_expected_failures()
     task_queue = options.task_queue or TASK_QUEUE
     settings = Settings.from_env()
     store = await open_store(options.database_url, settings=settings)
-    reaper = asyncio.create_task(reap_orphans_forever())
     try:
         await ensure_sweep_schedule(client, task_queue=task_queue)
         async with (
-            build_worker(
-                client,
-                store,
-                task_queue=task_queue,
-                tools=tools_from_env(settings),
-                sandboxed=settings.workflow_sandbox,
+            serving(
+                build_worker(
+                    client,
+                    store,
+                    task_queue=task_queue,
+                    tools=tools_from_env(settings),
+                    sandboxed=settings.workflow_sandbox,
+                )
             ),
             dev_api(client, store, task_queue=task_queue, temporal_ui=server.ui_url or "") as api,
         ):
@@ -384,7 +385,6 @@ async def run_dev(console: Console, options: StackOptions) -> None:
             await stop.wait()
             console.print("stopping the worker and the dev server…")
     finally:
-        reaper.cancel()
         await store.close()
         if server.pid is not None:
             stop_server(options.state_dir, options.port)

@@ -16,8 +16,11 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.session import BUDGET_MESSAGE, RESTART_TEXT
 from sessionflow.client import SESSION_ID_ATTRIBUTE
+from sessionflow.errors import ClaimLostError
+from sessionflow.models import events as ev
 from sessionflow.models.drain import SweepInput, SweepResult
 from store import Store
+from store.claims import Claim
 from tests.conftest import StoreFactory, Target
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.workers import WorkerProcess
@@ -290,3 +293,146 @@ async def test_a_retry_after_longer_than_the_lease_keeps_the_claim(short_lease: 
     types = await h.types(sid)
     assert types[-1] == "session.execution.succeeded"
     assert "session.synthetic" not in types  # no takeover, no restart message
+
+
+def _records(tmp_path: Path) -> Path:
+    """A process-records root of the test's own (``SESSIONFLOW_PROCESS_DIR``): no other
+    worker on the host reaps from it."""
+    root = tmp_path / "processes"
+    root.mkdir()
+    return root
+
+
+def _marker() -> str:
+    """A ``sleep`` argument no other process on the host uses, to find the tool's process."""
+    return f"{uuid.uuid4().int % 900 + 1000}.{uuid.uuid4().int % 1000}"
+
+
+def _recorded_in(root: Path, pids: list[int]) -> list[int]:
+    """The process groups of ``pids`` that a worker recorded (``SESSIONFLOW_PROCESS_DIR=root``)."""
+    directory = root / f"sessionflow-processes-{os.getuid()}"
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    return sorted(g for g in groups if (directory / str(g)).exists())
+
+
+async def _tool_failures(h: Harness, sid: str) -> list[str]:
+    """``type: message`` of every activity failure in the session's workflow history."""
+    found = []
+    async for event in h.client._handle(sid).fetch_history_events():
+        if event.HasField("activity_task_failed_event_attributes"):
+            failure = event.activity_task_failed_event_attributes.failure
+            found.append(f"{failure.application_failure_info.type}: {failure.message}")
+    return found
+
+
+async def _append_as(store: Store, claim: Claim, text: str) -> None:
+    async with store.claims.fenced(claim) as tx:
+        await store.events.publish(ev.Synthetic(session_id=claim.session_id, text=text), tx=tx)
+
+
+@pytest.mark.fault
+async def test_a_paused_worker_stops_its_tool_processes_once_its_renewal_is_refused(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """Catalogue F2: a paused owner with a tool subprocess running. Worker A (lease 1.5 s) runs
+    ``bash sleep``; it is SIGSTOPped until its claim expires by the database clock; B takes the
+    claim over and appends; SIGCONT. A's next renewal is refused (``ClaimLostError``, in the
+    run's history), which cancels the call and kills its process group; no write of A lands
+    after the takeover, and B's appends before and after A resumed follow each other."""
+    marker, records = _marker(), _records(tmp_path)
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        paused = WorkerProcess(
+            temporal_env,
+            target,
+            h.client.task_queue,
+            SESSIONFLOW_LEASE_MS="1500",
+            SESSIONFLOW_SANDBOX="off",
+            SESSIONFLOW_PROCESS_DIR=str(records),
+        )
+        workers.append(paused)
+        await paused.ready()
+        sid = await h.session(
+            [call("b1", "bash", command=f"sleep {marker}")],
+            [{"text": "never asked"}],
+            permissions=[{"tool": "bash", "action": "allow"}],
+        )
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _recorded_in(records, _live_with(f"sleep {marker}")), timeout=30)
+        tool = _live_with(f"sleep {marker}")
+        paused.signal(signal.SIGSTOP)
+        await h.until(lambda: _expired_any(h.store, sid), timeout=30)
+        stale = await h.store.claims.current(sid)
+        assert stale is not None
+        successor = await h.store.claims.acquire(sid, "exec_b", "owner-b", lease_ms=60_000)
+        taken_at = await h.store.events.latest_sequence(sid)
+        await _append_as(h.store, successor, "b before A resumed")
+        assert _live_with(f"sleep {marker}") == tool  # a paused worker kills nothing
+        paused.signal(signal.SIGCONT)
+        await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=30)
+        await h.until(_idle(h, sid), timeout=30)
+        await _append_as(h.store, successor, "b after A resumed")
+        refusals = [f for f in await _tool_failures(h, sid) if f.startswith("ClaimLostError")]
+        assert refusals and "taken over by execution exec_b" in refusals[0], refusals
+        assert _recorded_in(records, tool) == []  # untracked: killed by its own worker
+        late = [e for e in await h.events(sid) if e.seq > taken_at]
+        assert [(e.type, e.data["text"]) for e in late] == [
+            ("session.synthetic", "b before A resumed"),
+            ("session.synthetic", "b after A resumed"),
+        ]
+        assert [e.seq for e in late] == [taken_at + 1, taken_at + 2]
+        assert successor.epoch == stale.epoch + 1
+        with pytest.raises(ClaimLostError, match="taken over by execution exec_b"):
+            await h.store.claims.renew(stale)  # what A's renewal met: no row to renew
+        assert len(h.requests()) == 1
+
+
+@pytest.mark.fault
+async def test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_the_next_worker_reaps(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """Catalogue C1: SIGKILL of the worker's whole process group while ``bash sleep`` runs.
+    The command leads a session of its own, so the group kill misses it: an orphan. The next
+    worker on the host kills it at start-up, before it polls (its reaper's record is gone once
+    it reports ready); the call settles once, as outcome-unknown (not re-run), the model is
+    asked again and the session succeeds."""
+    marker, records = _marker(), _records(tmp_path)
+    env = {"SESSIONFLOW_SANDBOX": "off", "SESSIONFLOW_PROCESS_DIR": str(records)}
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        doomed = WorkerProcess(temporal_env, target, h.client.task_queue, own_group=True, **env)
+        workers.append(doomed)
+        await doomed.ready()
+        sid = await h.session(
+            [call("b1", "bash", command=f"sleep {marker}")],
+            [{"text": "finished"}],
+            permissions=[{"tool": "bash", "action": "allow"}],
+        )
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _recorded_in(records, _live_with(f"sleep {marker}")), timeout=30)
+        orphan = _live_with(f"sleep {marker}")
+        doomed.signal_group(signal.SIGKILL)
+        assert await doomed.exited() == -signal.SIGKILL
+        assert _live_with(f"sleep {marker}") == orphan  # it outlived its worker's group
+        assert _recorded_in(records, orphan)
+        successor = WorkerProcess(temporal_env, target, h.client.task_queue, **env)
+        workers.append(successor)
+        await successor.ready()
+        assert _recorded_in(records, orphan) == []  # reaped before the worker polled
+        await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
+        await h.client.wait_idle(sid, timeout=60)
+    events = [e for e in await h.events(sid) if e.data.get("call_id") == "b1"]
+    kinds = [e.type for e in events if not e.type.startswith("session.tool.input")]
+    assert kinds == ["session.tool.called", "session.tool.failed"]
+    assert events[-1].data["error"]["type"] == "tool.outcome-unknown"
+    assert (await h.types(sid))[-1] == "session.execution.succeeded"
+    assert len(h.requests()) == 2

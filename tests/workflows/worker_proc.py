@@ -1,7 +1,8 @@
 """A worker in its own process, for crash tests: ``python -m tests.workflows.worker_proc``.
 
 Arguments: temporal address, task queue, database URL, schema ('-' for none). It prints
-``ready`` once polling and runs until killed; SIGTERM shuts it down gracefully, as a deploy does
+``ready`` once polling (after reaping the tool groups of dead workers, as every worker
+does at start) and runs until killed; SIGTERM shuts it down gracefully, as a deploy does
 (``SESSIONFLOW_TEST_GRACE_S`` seconds of grace, default 15).
 """
 
@@ -17,7 +18,7 @@ from sessionflow.cli import leave
 from sessionflow.settings import Settings
 from store import open_store
 from tests.workflows.tools import Gate, registry
-from worker import build_worker, connect
+from worker import build_worker, connect, serving
 
 
 async def main(address: str, task_queue: str, url: str, schema: str | None) -> None:
@@ -36,7 +37,7 @@ async def main(address: str, task_queue: str, url: str, schema: str | None) -> N
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with worker:
+    async with serving(worker):  # as worker.py runs it: orphans reaped before polling
         print("ready", flush=True)
         await stop.wait()
     print("stopped", flush=True)

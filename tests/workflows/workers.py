@@ -14,7 +14,18 @@ from tests.conftest import Target
 
 
 class WorkerProcess:
-    def __init__(self, env: WorkflowEnvironment, target: Target, task_queue: str, **env_vars: str):
+    """``own_group``: the worker leads a process group of its own (as under a service manager),
+    so that ``signal_group`` can kill the whole group without hitting the test."""
+
+    def __init__(
+        self,
+        env: WorkflowEnvironment,
+        target: Target,
+        task_queue: str,
+        *,
+        own_group: bool = False,
+        **env_vars: str,
+    ):
         address = env.client.service_client.config.target_host
         self.process = subprocess.Popen(
             [
@@ -29,7 +40,9 @@ class WorkerProcess:
             stdout=subprocess.PIPE,
             env={**os.environ, **env_vars},
             cwd=Path(__file__).parents[2],
+            start_new_session=own_group,
         )
+        self.own_group = own_group
 
     async def ready(self) -> None:
         assert self.process.stdout is not None
@@ -46,6 +59,10 @@ class WorkerProcess:
 
     def signal(self, sig: int) -> None:
         os.kill(self.process.pid, sig)
+
+    def signal_group(self, sig: int) -> None:
+        assert self.own_group, "the worker shares the test's process group"
+        os.killpg(self.process.pid, sig)
 
     def stop(self) -> None:
         if self.process.poll() is None:
