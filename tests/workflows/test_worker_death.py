@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from temporalio.testing import WorkflowEnvironment
 
 from activities.providers import base as p
 from activities.restart import BUDGET_MESSAGE, RESTART_TEXT
+from sessionflow.errors import ClaimLostError
 from sessionflow.models.drain import RESUME_BUDGET
 from store import Store
+from store.dialect import now_ms
 from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import Harness, harness
@@ -261,3 +264,78 @@ async def test_a_turn_longer_than_its_bound_is_restarted_not_failed(
     assert "timeout" in lost.error.message.lower()
     assert lost.content and lost.content[0].text == "".join(CHUNKS)[: len(lost.content[0].text)]
     assert [p.text for p in continued.content] == ["continued"]
+
+
+async def _db_now(store: Store) -> int:
+    async with store.db.read() as conn:
+        return int((await conn.execute(sa.select(now_ms(store.db.dialect)))).scalar_one())
+
+
+async def _claimed_by_another(store: Store, sid: str, execution_id: str) -> bool:
+    claim = await store.claims.current(sid)
+    return claim is not None and claim.execution_id != execution_id
+
+
+async def test_a_graceful_shutdown_hands_the_session_on_without_waiting_for_the_lease(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """Catalogue F10, the release path (with C8). The claim mirrors the drain, not the worker:
+    a worker's graceful shutdown (SIGTERM, mid-turn) hands the turn to another worker under the
+    same claim, and the busy period's end releases it, so the next busy period claims at once
+    on that other worker. With a 60 s lease, both happen while the database clock is still
+    before the expiry the claim had when the first worker was stopped: nothing waited for the
+    lease. The old execution's release is refused and leaves the new claim in place."""
+    lease = {"SESSIONFLOW_LEASE_MS": "60000"}
+    gate = tmp_path / "again.gate"
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        sid = await h.session(
+            slow_turn(tmp_path),
+            [{"text": "continued"}],
+            [{"wait_for_file": str(gate)}, {"text": "again"}],
+        )
+        first = WorkerProcess(
+            temporal_env, target, h.client.task_queue, SESSIONFLOW_TEST_GRACE_S="1", **lease
+        )
+        workers.append(first)
+        await first.ready()
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: _durable(h, sid, "session.text.delta", 3), timeout=30)
+        second = WorkerProcess(temporal_env, target, h.client.task_queue, **lease)
+        workers.append(second)
+        await second.ready()
+        held = await store.claims.current(sid)
+        assert held is not None
+        first.signal(signal.SIGTERM)
+        assert await first.exited() == 0
+        await h.client.wait_idle(sid, timeout=60)
+        assert await _db_now(store) < held.expires_at  # handed on, not waited out
+        assert await store.claims.current(sid) is None  # released with the terminal event
+        await h.client.prompt(sid, "Again")
+        await h.until(lambda: _claimed_by_another(store, sid, held.execution_id), timeout=30)
+        assert await _db_now(store) < held.expires_at
+        again = await store.claims.current(sid)
+        assert again is not None and again.epoch == held.epoch + 1
+        with pytest.raises(ClaimLostError, match=f"taken over by execution {again.execution_id}"):
+            await store.claims.release(held)  # by a non-owner: refused, nothing deleted
+        kept = await store.claims.current(sid)
+        assert kept is not None and (kept.execution_id, kept.epoch) == (
+            again.execution_id,
+            again.epoch,
+        )
+        gate.touch()
+        await h.client.wait_idle(sid, timeout=30)
+    log = await final_log(store, sid)
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 2
+    assert types.count("session.execution.succeeded") == 2
+    stamps = [(e.execution_id, e.epoch) for e in log if e.execution_id is not None]
+    assert list(dict.fromkeys(stamps)) == [
+        (held.execution_id, held.epoch),
+        (again.execution_id, again.epoch),
+    ]
+    assert len(h.requests()) == 3
