@@ -221,10 +221,11 @@ async def reap_orphans_forever(every: float = 10.0) -> None:
 
 @contextlib.asynccontextmanager
 async def serving(worker: Worker) -> AsyncIterator[Worker]:
-    """Run ``worker`` as a host's worker does: the orphans of workers that died here (a
-    SIGKILL of a whole process group, an OOM kill) are reaped before it polls, so none
-    outlives its worker by more than a start-up, then every 10 s; on the way out what this
-    process still runs is killed (Temporal's cancellation of running tools came first)."""
+    """Run ``worker`` as a host's worker does: the tool groups of workers that died here (a
+    SIGKILL of a whole process group, an OOM kill) are reaped before it polls, and then every
+    10 s, so an orphan lives until the next worker on the host starts or passes; on the way
+    out what this process still runs is killed (Temporal's cancellation of running tools came
+    first)."""
     reap_now()
     reaper = asyncio.create_task(reap_orphans_forever())
     try:
