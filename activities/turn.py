@@ -49,6 +49,7 @@ from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
 from store.claims import Claim
 from store.db import Tx
+from store.facade import TurnView
 from store.prepared import Prepared
 from store.schema import session_table
 from store.sessions import SessionInfo
@@ -316,6 +317,8 @@ class _Stream:
         self.store_failed = False
         self.signalling: asyncio.Task[None] | None = None
         self.provider: p.Provider | None = None  # opened by the attempt's first transaction
+        # The assistant message as this stream's flushes left it (``Store.append``'s view).
+        self.view = TurnView(request.assistant_message_id)
 
     async def run(self, provider_request: p.ProviderRequest, step: int) -> TurnResult:
         publisher = self.publisher
@@ -457,7 +460,9 @@ class _Stream:
         if not events:
             return
         try:
-            await self.rt.store.append(self.claim, events, step_attempt=self.request.attempt)
+            await self.rt.store.append(
+                self.claim, events, step_attempt=self.request.attempt, view=self.view
+            )
         except Exception:
             self.store_failed = True
             raise

@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import os
 import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
+
+# SESSIONFLOW_BENCH_TRACE=file: each statement's scope and first line, to find where trips go.
+_TRACE = open(os.environ["SESSIONFLOW_BENCH_TRACE"], "w") if os.environ.get("SESSIONFLOW_BENCH_TRACE") else None
+
+
+def _sql(args: tuple[Any, ...]) -> str:
+    query = args[0] if args else ""
+    text = query if isinstance(query, str) else getattr(query, "as_string", lambda _c: str(query))(None)
+    return " ".join(str(text).split())[:160]
+
 
 scope: contextvars.ContextVar[str] = contextvars.ContextVar("bench_scope", default="other")
 
@@ -62,6 +73,8 @@ def _wrap_psycopg(counter: Counter) -> None:
 
     async def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
         counter.count(1 + _begins(self.connection))
+        if _TRACE is not None:
+            _TRACE.write(f"{scope.get()}\t{_begins(self.connection)}\t{_sql(args)}\n")
         return await execute(self, *args, **kwargs)
 
     async def counted_executemany(self: Any, *args: Any, **kwargs: Any) -> Any:

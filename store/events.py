@@ -170,6 +170,11 @@ class EventStore:
     def has_projector(self, cls: type[Event]) -> bool:
         return cls in self._projectors
 
+    def projects_only(self, cls: type[Event], kinds: tuple[type[Event], ...]) -> bool:
+        """Whether ``cls`` has no projector, or is one of ``kinds`` with one projector only."""
+        projectors = self._projectors.get(cls, [])
+        return not projectors or (issubclass(cls, kinds) and len(projectors) == 1)
+
     def prepare_rows(self, events: Sequence[Event], stamp: Stamp) -> list[dict[str, Any]]:
         """Validated, encoded rows for ``events`` (seq still to be assigned): the hot path.
 

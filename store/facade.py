@@ -9,6 +9,7 @@ from opentelemetry import trace
 
 from sessionflow.models import events as ev
 from sessionflow.models.events import Event
+from sessionflow.models.messages import AssistantMessage
 from sessionflow.settings import Settings
 from store import codec, projector
 from store.claims import Claim, Claims, fence_params, run_params
@@ -27,6 +28,20 @@ ToolEvent = ev.ToolSucceeded | ev.ToolFailed | ev.ToolProgress
 
 
 @dataclass
+class TurnView:
+    """The assistant message a turn streams into, as the turn's own appends left it.
+
+    The turn's writer keeps it between its batches, so that on PostgreSQL a batch that changes
+    only the message's parts (``projector.parts_only``) is projected here and written with its
+    events in one statement, without reading the message again. Any other batch, or a batch
+    that fails, forgets it: the next one reads the message from the store again.
+    """
+
+    message_id: str
+    message: AssistantMessage | None = None
+
+
+@dataclass
 class Store:
     db: Database
     notifier: Notifier
@@ -38,29 +53,91 @@ class Store:
     tool_runs: ToolRuns = field(default_factory=ToolRuns)
 
     async def append(
-        self, claim: Claim, events: Sequence[Event], *, step_attempt: int | None = None
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        *,
+        step_attempt: int | None = None,
+        view: TurnView | None = None,
     ) -> list[StoredEvent]:
         """Append ``events`` in one fenced transaction under ``claim``.
 
         Batches of one aggregate's projector-free events (token deltas) take the hot path in
-        ``store.fast``; anything else is ``claims.fenced`` + ``events.publish_many``. Both
+        ``store.fast``, and so, on PostgreSQL with a turn's ``view``, do batches that change only
+        that message's parts; anything else is ``claims.fenced`` + ``events.publish_many``. All
         refuse with ``ClaimLostError`` (or ``StaleAttemptError``) and write nothing.
         """
         if not events:
             return []
         attributes: dict[str, str | int] = {"session.id": claim.session_id, "events": len(events)}
         with _tracer.start_as_current_span("store.append", attributes=attributes):
-            return await self._append(claim, events, step_attempt)
+            if view is None or not isinstance(self.writer, PostgresWriter):
+                return await self._append(claim, events, step_attempt)
+            return await self._append_viewed(claim, events, step_attempt, view)
+
+    async def _append_viewed(
+        self, claim: Claim, events: Sequence[Event], step_attempt: int | None, view: TurnView
+    ) -> list[StoredEvent]:
+        message, view.message = view.message, None  # forgotten unless this batch commits
+        projected = all(self.events.projects_only(type(e), projector.PART_EVENTS) for e in events)
+        if message is not None and projected and projector.parts_only(message, events):
+            stored = await self._append_parts(claim, events, step_attempt, message)
+        elif not any(self.events.has_projector(type(e)) for e in events):
+            stored = await self._append(claim, events, step_attempt)  # deltas: no part changes
+        else:
+            captured: list[AssistantMessage] = []
+            stored = await self._append(claim, events, step_attempt, captured)
+            message = captured[-1] if captured else None
+        view.message = message
+        return stored
+
+    async def _append_parts(
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        step_attempt: int | None,
+        message: AssistantMessage,
+    ) -> list[StoredEvent]:
+        """``_PG_PARTS``: the batch projected on ``message`` (the turn's view) and written with
+        the parts it changed in one statement."""
+        assert isinstance(self.writer, PostgresWriter)
+        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+        placed = [
+            StoredEvent(row["id"], row["aggregate_id"], -1, row["created"], row["type"], event)
+            for row, event in zip(rows, events, strict=True)
+        ]
+        parts = await projector.project_parts(message, placed)
+        fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed(rows, events))
+
+        if not await self.writer.append(fence, rows, announce, parts=parts):
+            raise await self.claims.why_lost(claim, step_attempt)
+        return stored
 
     async def _append(
-        self, claim: Claim, events: Sequence[Event], step_attempt: int | None
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        step_attempt: int | None,
+        captured: list[AssistantMessage] | None = None,
     ) -> list[StoredEvent]:
+        """``captured``: gets the assistant message that the events' projection left, when
+        they have one (a turn's ``view``)."""
         if any(self.events.has_projector(type(e)) for e in events) or (
             len({e.aggregate_id for e in events}) > 1
         ):
 
             async def publish(tx: Tx) -> list[StoredEvent]:
-                return await self.events.publish_many(events, tx=tx)
+                stored = await self.events.publish_many(events, tx=tx)
+                if captured is not None:
+                    mid = getattr(events[0], "assistant_message_id", None)
+                    message = projector.cached_message(tx, mid) if mid else None
+                    if isinstance(message, AssistantMessage):
+                        captured.append(message)
+                return stored
 
             return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
         rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))

@@ -81,6 +81,43 @@ WITH renewed AS (
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS written
 """
 
+# A turn's batch whose events change only parts of its assistant message (text, reasoning,
+# tool input and calls; deltas): the fence, the changed parts (projected by the caller on the
+# turn's own view of the message, ``projector.project_parts``), the seqs and the events, in one
+# statement. Every writer of a session renews its claim row first, so they take the rows
+# after it one at a time.
+_PG_PARTS = f"""
+WITH renewed AS (
+  UPDATE session_execution
+  SET expires_at = {_PG_NOW} + %(lease)s, step_attempt = greatest(step_attempt, %(attempt)s)
+  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
+    AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
+  RETURNING 1
+), parts AS (
+  INSERT INTO session_part (message_id, position, session_id, call_id, data)
+  SELECT %(mid)s, p.position, %(sid)s, p.call_id, p.data
+  FROM renewed,
+       unnest(%(positions)s::int[], %(call_ids)s::text[], %(parts)s::text[])
+         AS p(position, call_id, data)
+  ON CONFLICT (message_id, position)
+    DO UPDATE SET call_id = excluded.call_id, data = excluded.data
+  RETURNING 1
+), allocated AS (
+  INSERT INTO event_sequence (aggregate_id, seq)
+  SELECT %(agg)s, %(n)s - 1 FROM renewed
+  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
+  RETURNING seq
+), inserted AS (
+  INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
+  SELECT e.id, %(agg)s, a.seq - %(n)s + e.ord, e.created, e.type, e.data, %(eid)s, %(epoch)s
+  FROM allocated a,
+       unnest(%(ids)b::text[], %(createds)b::bigint[], %(types)b::text[], %(datas)b::text[])
+         WITH ORDINALITY AS e(id, created, type, data, ord)
+  RETURNING seq
+)
+SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS parts
+"""
+
 # A tool call's settlement (or any event that changes one tool part and nothing else): the
 # fence (with the call's attempt, as ``claims.fenced(run=...)``), the part's new state written
 # only if the part is still what the caller read, the seq and the event, in one statement.
@@ -337,11 +374,14 @@ class PostgresWriter:
         fence: dict[str, Any],
         rows: list[dict[str, Any]],
         on_commit: OnCommit,
+        *,
+        parts: list[dict[str, Any]] | None = None,
     ) -> bool:
         """The fenced append, seqs assigned to ``rows``; False if the fence refused it.
 
-        ``on_commit`` runs right after the commit, as one unit with it; an append the database
-        aborted as a conflict runs again (``retry_conflicts``).
+        ``parts``: the rows of ``session_part`` the events change (``_PG_PARTS``), written in
+        the same statement. ``on_commit`` runs right after the commit, as one unit with it; an
+        append the database aborted as a conflict runs again (``retry_conflicts``).
         """
         params = {
             **fence,
@@ -352,17 +392,24 @@ class PostgresWriter:
             "types": [row["type"] for row in rows],
             "datas": [row["data"] for row in rows],
         }
-        last = await retry_conflicts(lambda: self._attempt(params, rows, on_commit))
+        sql = _PG_APPEND
+        if parts is not None:
+            sql = _PG_PARTS
+            params["mid"] = parts[0]["mid"] if parts else ""
+            params["positions"] = [part["position"] for part in parts]
+            params["call_ids"] = [part["call_id"] for part in parts]
+            params["parts"] = [part["body"] for part in parts]
+        last = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
         return last is not None
 
     async def _attempt(
-        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+        self, sql: str, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
     ) -> int | None:
         try:
             # A cancellation while waiting for a connection stops the append; once the
             # statement is sent, it and its announcement finish together (``settled``).
             async with self._pool.connection() as conn:
-                return await settled(_commit(conn, params, rows, on_commit))
+                return await settled(_commit(conn, sql, params, rows, on_commit))
         except psycopg.Error as error:
             _raise_typed(error, rows)
 
@@ -398,9 +445,13 @@ async def _settle(
 
 
 async def _commit(
-    conn: Connection, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    conn: Connection,
+    sql: str,
+    params: dict[str, Any],
+    rows: list[dict[str, Any]],
+    on_commit: OnCommit,
 ) -> int | None:
-    cursor = await conn.execute(_PG_APPEND, params, prepare=True)
+    cursor = await conn.execute(sql, params, prepare=True)
     result = await cursor.fetchone()
     if result is None or result[0] is None:
         return None  # the fence refused it

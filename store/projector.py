@@ -756,6 +756,62 @@ def apply_tool(part: ToolPart, event: Any, now: int) -> bool:
     return True
 
 
+# --- a turn's parts, projected in memory -----------------------------------------------------
+
+# What a turn streams into its assistant message, whose projection changes only that message's
+# parts: ``project_parts`` runs their handlers on a message the caller keeps (the turn's view),
+# so the turn's writer can send the changed parts with the events in one statement.
+PART_EVENTS = (
+    ev.TextStarted,
+    ev.TextEnded,
+    ev.ReasoningStarted,
+    ev.ReasoningEnded,
+    ev.ToolInputStarted,
+    ev.ToolInputEnded,
+    ev.ToolCalled,
+)
+
+
+def parts_only(message: AssistantMessage, events: Sequence[ev.Event]) -> bool:
+    """Whether ``events`` change nothing but parts of ``message`` that no one else writes.
+
+    A tool part is the turn's own until it is called; from then on the tool's run settles it,
+    so an event on a called part (a reused call id) is left to the general path, which reads it.
+    """
+    for event in events:
+        if not isinstance(event, PART_EVENTS):
+            continue
+        if event.assistant_message_id != message.id or event.session_id != message.session_id:
+            return False
+        if isinstance(event, ev.ToolInputStarted | ev.ToolInputEnded | ev.ToolCalled):
+            part = message.tool(event.call_id)
+            if part is not None and not isinstance(part.state, ToolPending):
+                return False
+    return True
+
+
+async def project_parts(
+    message: AssistantMessage, stored: Sequence[StoredEvent]
+) -> list[dict[str, Any]]:
+    """Apply ``stored`` (``parts_only`` events, deltas among them) to ``message`` in memory;
+    the rows of the parts that changed, as ``session_part`` stores them."""
+    tx = Tx(conn=None, dialect="postgresql")
+    entry = _messages(tx)[message.id] = _Loaded(message)
+    tx.before_commit.clear()
+    for event in stored:
+        handler = _HANDLERS.get(type(event.data))
+        if handler is not None:
+            await handler(tx, event, event.data)
+    return [_part_row(message, position) for position in sorted(entry.changed_parts)]
+
+
+def cached_message(tx: Tx, message_id: str) -> Any | None:
+    """The message as ``tx`` left it, if ``tx`` read or wrote it (None otherwise)."""
+    loaded: dict[str, _Loaded] = tx.cache.get(_MESSAGES, {})
+    entry = loaded.get(message_id)
+    return None if entry is None else entry.message
+
+
 # --- permissions and questions ------------------------------------------------------------------
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -211,3 +213,140 @@ async def test_a_store_from_before_part_rows_moves_its_parts_on_open(
         assert stored == [(2,)]
     finally:
         await store.close()
+
+
+def _turn(sid: str, mid: str) -> list[list[ev.Event]]:
+    """A turn's batches as its courier flushes them: text, reasoning, tool input and calls."""
+    ids = {"session_id": sid, "assistant_message_id": mid}
+    return [
+        [ev.StepStarted(**ids, agent="build", model={"provider_id": "scripted", "id": "t.json"})],
+        [ev.TextStarted(**ids, ordinal=0), ev.TextDelta(**ids, ordinal=0, delta="hel")],
+        [ev.TextDelta(**ids, ordinal=0, delta="lo")],
+        [
+            ev.TextEnded(**ids, ordinal=0, text="hello"),
+            ev.ReasoningStarted(**ids, ordinal=0),
+            ev.ReasoningEnded(**ids, ordinal=0, text="hmm"),
+            ev.ToolInputStarted(**ids, call_id="c1", name="read"),
+        ],
+        [
+            ev.ToolInputEnded(**ids, call_id="c1", text='{"n": 1}'),
+            ev.ToolCalled(**ids, call_id="c1", name="read", input={"n": 1}),
+        ],
+        [ev.ToolCalled(**ids, call_id="c2", name="read", input={"n": 2})],
+    ]
+
+
+def _shape(message: AssistantMessage) -> list[tuple[str, object]]:
+    """The message's parts without their times (two sessions' parts differ only there)."""
+    times = {"time", "time_created", "time_completed"}
+    return [(type(p).__name__, p.model_dump(exclude=times)) for p in message.content]
+
+
+async def test_a_turns_view_writes_what_the_general_path_writes(store: Store) -> None:
+    """A turn's batches appended with its view (on PostgreSQL, a parts-only batch is projected
+    on the view and written with its events in one statement) leave the same message and the
+    same events as without one; the view follows every batch."""
+    from store.facade import TurnView
+
+    results = []
+    for viewed in (False, True):
+        sid = await new_session(store)
+        mid = f"msg_view{int(viewed)}"
+        claim = await store.claims.acquire(sid, f"exec_{int(viewed)}", "owner")
+        view = TurnView(mid) if viewed else None
+        for batch in _turn(sid, mid):
+            await store.append(claim, batch, step_attempt=0, view=view)
+            if view is not None and store.db.dialect == "postgresql":
+                assert view.message is not None
+                assert _shape(view.message) == _shape(await _message(store, sid))
+        events = [(e.type, e.seq) for e in (await store.events.read_after(sid)).events]
+        results.append((_shape(await _message(store, sid)), events))
+    assert results[0] == results[1]
+
+
+async def _message(store: Store, sid: str) -> AssistantMessage:
+    message = (await store.sessions.messages(sid))[-1]
+    assert isinstance(message, AssistantMessage)
+    return message
+
+
+async def test_a_turns_view_takes_one_statement_per_parts_only_batch(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL every batch of the turn after its first goes as one statement with the
+    parts it changed (``_PG_PARTS``): only the first, which starts the step, takes the general
+    path. On SQLite the view changes nothing (the general path runs inline)."""
+    from store.facade import TurnView
+    from store.fast import PostgresWriter
+
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner")
+    sent: list[int | None] = []
+    if isinstance(store.writer, PostgresWriter):
+        original = store.writer.append
+
+        async def spy(fence, rows, on_commit, *, parts=None):  # type: ignore[no-untyped-def]
+            sent.append(None if parts is None else len(parts))
+            return await original(fence, rows, on_commit, parts=parts)
+
+        monkeypatch.setattr(store.writer, "append", spy)
+    view = TurnView("msg_one")
+    for batch in _turn(sid, "msg_one"):
+        await store.append(claim, batch, step_attempt=0, view=view)
+    if isinstance(store.writer, PostgresWriter):
+        # text started; a delta alone; text ended + reasoning + input started; c1 ended and
+        # called; c2 called (a new part)
+        assert sent == [1, 0, 3, 1, 1]
+    else:
+        assert sent == []
+
+
+async def test_a_view_never_rewrites_a_call_its_tool_settled(store: Store) -> None:
+    """A tool part is the turn's own only until it is called: after the tool's run settled it
+    (another writer), a batch touching that call id again takes the general path, which reads
+    the settled part, and the view is refreshed from what that path wrote."""
+    from store.facade import TurnView
+
+    sid = await new_session(store)
+    mid = "msg_settled"
+    ids = {"session_id": sid, "assistant_message_id": mid}
+    claim = await store.claims.acquire(sid, "exec_a", "owner")
+    view = TurnView(mid)
+    for batch in _turn(sid, mid)[:5]:
+        await store.append(claim, batch, step_attempt=0, view=view)
+    # The tool's run settles c1 outside the turn's view.
+    await store.append(
+        claim, [ev.ToolSucceeded(**ids, call_id="c1", content=[TextContent(text="out")])]
+    )
+    # The provider reuses the call id: a new part, the settled one left as it is.
+    await store.append(
+        claim, [ev.ToolInputStarted(**ids, call_id="c1", name="read")], step_attempt=0, view=view
+    )
+    message = await _message(store, sid)
+    tools = [p for p in message.content if isinstance(p, ToolPart)]
+    assert [type(p.state).__name__ for p in tools] == ["ToolCompleted", "ToolPending"]
+    if store.db.dialect == "postgresql":
+        assert view.message is not None and _shape(view.message) == _shape(message)
+
+
+async def test_a_view_batch_of_a_lost_claim_writes_nothing(store: Store) -> None:
+    """Catalogue F8: a parts-only batch is fenced like every other: once the claim is taken
+    over, the batch raises ``ClaimLostError``, writes no event and no part, and the view is
+    forgotten."""
+    from sessionflow.errors import ClaimLostError
+    from store.facade import TurnView
+
+    sid = await new_session(store)
+    mid = "msg_lost"
+    claim = await store.claims.acquire(sid, "exec_a", "owner", lease_ms=60_000)
+    view = TurnView(mid)
+    batches = _turn(sid, mid)
+    for batch in batches[:2]:
+        await store.append(claim, batch, step_attempt=0, view=view)
+    before = ((await store.events.read_after(sid)).events, _shape(await _message(store, sid)))
+    await store.claims.release(claim)
+    await store.claims.acquire(sid, "exec_b", "owner")
+    with pytest.raises(ClaimLostError):
+        await store.append(claim, batches[3], step_attempt=0, view=view)
+    assert view.message is None
+    assert ((await store.events.read_after(sid)).events, _shape(await _message(store, sid))) == before
