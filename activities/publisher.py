@@ -346,7 +346,9 @@ def parse_input(raw: Any) -> dict[str, Any] | None:
         if _nesting(raw) > MAX_INPUT_DEPTH:
             return None
         try:
-            raw = json.loads(raw or "{}", parse_constant=_reject_constant)
+            raw = json.loads(
+                raw or "{}", parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+            )
         except (ValueError, RecursionError):
             return None
     return raw if isinstance(raw, dict) else None
@@ -354,6 +356,16 @@ def parse_input(raw: Any) -> dict[str, Any] | None:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A repeated key is malformed input, not "last one wins": parsers disagree on which copy
+    # counts (Python and JavaScript keep the last, others the first or fail), so running the
+    # call would act on a reading the model may not have meant. The model gets the error.
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("a key is repeated")
+    return found
 
 
 def _nesting(text: str) -> int:

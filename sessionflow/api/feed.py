@@ -89,6 +89,11 @@ class Feed:
     def failed(self) -> bool:
         return self._task.done()
 
+    @property
+    def held_bytes(self) -> int:
+        """What this feed holds for its subscribers: the window and the kept table pages."""
+        return self._bytes + self._page_bytes
+
     async def close(self) -> None:
         for task in (self._task, *self._reading.values()):
             task.cancel()
@@ -213,6 +218,11 @@ class Feeds:
 
     def __len__(self) -> int:
         return len(self._feeds)
+
+    @property
+    def held_bytes(self) -> int:
+        """Frames held for every stream, together: bounded per session, never per subscriber."""
+        return sum(feed.held_bytes for feed in self._feeds.values())
 
     @contextlib.asynccontextmanager
     async def joined(self, session_id: str, start: int) -> AsyncIterator[Feed]:

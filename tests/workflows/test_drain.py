@@ -568,6 +568,31 @@ async def test_a_large_tool_output_is_cut_for_the_model_and_kept_whole_in_the_st
     assert max(len(e.SerializeToString()) for e in history.events) < 8_000
 
 
+@pytest.mark.fault
+async def test_100_mb_of_binary_tool_output_keeps_payloads_small_and_the_row_cut(
+    h: Harness,
+) -> None:
+    """Catalogue D1: a tool writes 100 MB of random bytes (invalid UTF-8, NUL bytes) through a
+    drain. No Temporal payload carries it: every history event stays < 8 kB, so no activity
+    result comes near the 256 kB warning. The event row keeps the model's view and the store's
+    view, each cut at its cap with the marker counting the cut bytes, as normalized text."""
+    command = "head -c 100000000 /dev/urandom"
+    sid = await h.session(
+        [call("b1", "bash", command=command)], [{"text": "seen"}], permissions=ALLOW_BASH
+    )
+    await run(h, sid)
+    success = next(e for e in await h.events(sid) if e.type == "session.tool.success")
+    shown, kept = success.data["content"][0]["text"], success.data["output"]
+    assert success.data["structured"]["output_bytes"] == 100_000_000
+    for view, cap in ((shown, 50_000), (kept, 1_000_000)):
+        assert "\n… [truncated: " in view and len(view.encode()) < cap + 100
+        assert "\x00" not in view and "\ufffd" in view
+    sent = h.requests()[1]["messages"][-1]["content"][0]["output"]
+    assert "[truncated:" in sent and len(sent) < 51_000
+    history = await h.client._handle(sid).fetch_history()
+    assert max(len(e.SerializeToString()) for e in history.events) < 8_000
+
+
 def _scheduled(history: Any) -> list[str]:
     return [
         e.activity_task_scheduled_event_attributes.activity_type.name

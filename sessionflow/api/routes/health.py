@@ -15,6 +15,10 @@ class Health(BaseModel):
     temporal: bool
     streams: int
     followers: int = Field(description="store followers: one per session with streams")
+    held_bytes: int = Field(
+        default=0,
+        description="event frames the followers hold for their streams (bounded per session)",
+    )
 
 
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
@@ -32,5 +36,9 @@ async def health(request: Request, client: Client, response: Response) -> Health
         response.status_code = 503
     streams = request.app.state.streams
     return Health(
-        store=store, temporal=temporal, streams=streams.open, followers=len(streams.feeds)
+        store=store,
+        temporal=temporal,
+        streams=streams.open,
+        followers=len(streams.feeds),
+        held_bytes=streams.feeds.held_bytes,
     )

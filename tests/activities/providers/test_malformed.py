@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 
 import pytest
@@ -232,6 +233,102 @@ async def test_enormous_arguments_are_capped_not_buffered(server: ReplayServer) 
     assert streamed <= MAX_TOOL_INPUT_BYTES
     assert outcome.of(p.ToolCall)[0].input is None
     assert failed_inputs(outcome.events) == ["toolu_big"]
+
+
+DUPLICATES = [
+    '{"text": "a", "text": "b"}',
+    '{"text": "a", "options": {"mode": "x", "mode": "y"}}',
+    '{"text": "a", "items": [{"k": 1, "k": 1}]}',
+]
+
+
+@pytest.mark.parametrize("arguments", DUPLICATES, ids=["top", "nested", "in-array"])
+async def test_duplicate_argument_keys_are_an_error_on_every_adapter(
+    server: ReplayServer, arguments: str
+) -> None:
+    """P5: a repeated key, at any depth, even with equal values, is malformed input on the
+    Chat, Responses and Anthropic adapters alike: an error result the model reads, never run.
+    Parsers disagree on which copy wins (first, last, or an error), so no reading is safe."""
+    call = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": arguments}}
+    server.queue(Reply.events(chat({"tool_calls": [call]}), chat({}, "tool_calls")))
+    chat_outcome = await run(settings(server), request(CHAT))
+    item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "echo"}
+    server.queue(
+        Reply.events(
+            a("response.output_item.added", output_index=0, item={**item, "arguments": ""}),
+            a("response.function_call_arguments.delta", item_id="fc_1", delta=arguments),
+            a("response.output_item.done", output_index=0, item={**item, "arguments": arguments}),
+            a("response.completed", response={"status": "completed"}),
+        )
+    )
+    responses_outcome = await run(settings(server), request(RESPONSES))
+    half = len(arguments) // 2
+    server.queue(
+        Reply.events(
+            tool_use(0, "call_1"),
+            json_delta(0, arguments[:half]),
+            json_delta(0, arguments[half:]),
+            a("content_block_stop", index=0),
+            *END,
+        )
+    )
+    anthropic_outcome = await run(settings(server), request(ANTHROPIC))
+    for outcome in (chat_outcome, responses_outcome, anthropic_outcome):
+        assert outcome.error is None
+        assert outcome.of(p.ToolCall)[0].input == arguments  # the raw text, judged once
+        assert failed_inputs(outcome.events) == ["call_1"]
+        assert publish(outcome.events).local_calls == []
+
+
+async def test_the_same_key_in_sibling_objects_is_no_duplicate(server: ReplayServer) -> None:
+    """P5: only a key repeated within one object is rejected."""
+    arguments = '{"text": "a", "items": [{"text": 1}, {"text": 2}]}'
+    call = {"index": 0, "id": "call_1", "function": {"name": "echo", "arguments": arguments}}
+    server.queue(Reply.events(chat({"tool_calls": [call]}), chat({}, "tool_calls")))
+    outcome = await run(settings(server), request(CHAT))
+    published = publish(outcome.events)
+    assert [call.call_id for call in published.local_calls] == ["call_1"]
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("model", [ANTHROPIC, CHAT])
+async def test_a_100_mb_argument_string_is_capped_and_never_held_whole(
+    server: ReplayServer, model: str
+) -> None:
+    """P5: a 100 MiB argument string streamed in 256 KiB pieces. The adapter stops passing
+    input on at the cap (1 MiB reaches the publisher, the rest is counted and dropped), the call
+    is an error result, and this process's peak RSS grows by far less than the string: it was
+    never joined or buffered whole. One piece object is sent 400 times, so the server's side of
+    the test holds 256 KiB."""
+    piece = "x" * 256 * 1024
+    pieces = 400
+    if model == ANTHROPIC:
+        head = [tool_use(0, "call_big"), json_delta(0, '{"text": "')]
+        body = json_delta(0, piece)
+        tail = [json_delta(0, '"}'), a("content_block_stop", index=0), *END]
+    else:
+        opening = {"index": 0, "id": "call_big", "function": {"name": "echo", "arguments": ""}}
+        head = [chat({"tool_calls": [opening]}), chat(_arguments('{"text": "'))]
+        body = chat(_arguments(piece))
+        tail = [chat(_arguments('"}')), chat({}, "tool_calls")]
+    server.queue(Reply.events(*head, *[body] * pieces, *tail))
+    before = _peak_rss_bytes()
+    outcome = await run(settings(server), request(model))
+    grown = _peak_rss_bytes() - before
+    assert outcome.error is None
+    streamed = sum(len(e.delta) for e in outcome.of(p.ToolInputDelta))
+    assert streamed <= MAX_TOOL_INPUT_BYTES < pieces * len(piece)
+    assert outcome.of(p.ToolCall)[0].input is None
+    assert failed_inputs(outcome.events) == ["call_big"]
+    assert grown < 40 * 1024 * 1024, f"peak RSS grew {grown / 2**20:.0f} MiB for 100 MiB"
+
+
+def _arguments(text: str) -> dict[str, object]:
+    return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
 
 async def test_unknown_events_and_fields_are_ignored_and_logged(

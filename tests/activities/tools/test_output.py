@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from activities.tools.output import clip, normalize, text_output
+from activities.tools.settings import ToolSettings
 from sessionflow.models import events as ev
 from store import Store
 from tests.activities.tools.conftest import Sandbox, text
@@ -90,3 +97,49 @@ async def test_oversized_file_output_is_capped(sandbox: Sandbox, size: int) -> N
     assert len(text(output).encode()) < sandbox.settings.output_cap + 100
     assert output.structured["output_bytes"] == size
     assert output.structured["truncated_bytes"] == size - sandbox.settings.output_cap
+
+
+HUNDRED_MB = 100_000_000
+MARKER = "\n… [truncated: "
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("kind", ["text", "binary"])
+async def test_100_mb_of_output_is_cut_with_bounded_memory_and_stored_safely(
+    tmp_path: Path, store: Store, kind: str
+) -> None:
+    """Catalogue D1: 100 MB of output from one bash call, text (``yes``) or the ``cat`` of a
+    100 MB file of random bytes (invalid UTF-8, NUL bytes, escapes), run as the worker runs it
+    in a process of its own. That process's peak RSS grows by less than 2x the output (in fact by
+    a bounded amount: the capture keeps the store's cap and counts the rest); the model's view is
+    cut at its cap and the store's at its own, each with the marker counting every byte cut; the
+    binary view is text, and both views store and read back unchanged on the database."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    if kind == "binary":
+        with (workspace / "blob.bin").open("wb") as blob:
+            for _ in range(100):
+                blob.write(os.urandom(HUNDRED_MB // 100))
+    command = "yes | head -c 100000000" if kind == "text" else "cat blob.bin"
+    report = tmp_path / "report.json"
+    child = [sys.executable, "-m", "tests.activities.tools.output_child"]
+    proc = await asyncio.create_subprocess_exec(*child, str(workspace), command, str(report))
+    assert await proc.wait() == 0
+    result = json.loads(report.read_text())
+    grown = result["after"] - result["before"]
+    assert grown < 2 * HUNDRED_MB
+    assert grown < 64 * 1024 * 1024, f"peak RSS grew {grown / 2**20:.0f} MiB"
+    settings = ToolSettings()
+    shown, full = result["shown"], result["full_text"]
+    assert result["structured"]["output_bytes"] == HUNDRED_MB
+    assert MARKER in shown and len(shown.encode()) < settings.output_cap + 100
+    assert MARKER in full and len(full.encode()) < settings.store_cap + 100
+    assert full.startswith(shown[: shown.index(MARKER)])
+    assert normalize(full) == full  # already the one normalization: no NUL, no escape, no byte
+    if kind == "binary":
+        assert "\ufffd" in full
+    session = await store.sessions.create(str(workspace))
+    for body in (shown, full):
+        await store.events.publish(ev.Synthetic(session_id=session.id, text=body))
+    stored = [message.text for message in await store.sessions.messages(session.id)]  # type: ignore[union-attr]
+    assert stored == [shown, full]

@@ -130,6 +130,7 @@ async def test_openapi_docs_and_health(api: Api) -> None:
         "temporal": True,
         "streams": 0,
         "followers": 0,
+        "held_bytes": 0,
     }
 
 

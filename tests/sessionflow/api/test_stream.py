@@ -4,15 +4,20 @@ departing subscribers. Every seq list is compared with the store's own."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.api.config import ApiSettings
+from sessionflow.api.feed import KEPT_PAGE_BYTES, WINDOW_BYTES, WINDOW_FRAMES
 from sessionflow.api.serve import running_api
+from sessionflow.models import events as ev
+from sessionflow.models.common import ModelRef
 from store import Store
 from tests.sessionflow.api.conftest import Api, Message, Reader, ended, stored
 from tests.workflows.harness import harness
@@ -164,6 +169,68 @@ async def test_a_slow_subscriber_holds_back_no_one_and_loses_nothing(api: Api) -
         late = history + await slow.rest()
     expected = await store_seqs(api, sid)
     assert seqs(quick) == expected and seqs(late) == expected
+
+
+STALL_EVENTS = 20_000
+STALL_BATCH = 1_000
+
+
+async def _held(api: Api) -> int:
+    return int((await api.http.get("/healthz")).json()["held_bytes"])
+
+
+def _small_window_client(api: Api) -> httpx.AsyncClient:
+    """A client whose socket takes 4 KiB at a time: what it does not read, the server holds
+    (past the few MiB the server's socket buffers), so a stall is felt by the server."""
+    options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
+    transport = httpx.AsyncHTTPTransport(socket_options=options)
+    return httpx.AsyncClient(base_url=api.url, timeout=30, transport=transport)
+
+
+async def _read_through(reader: Reader, last: int) -> list[Message]:
+    return await reader.events(lambda m: m.event == "message" and m.json()["seq"] >= last)
+
+
+@pytest.mark.fault
+async def test_a_stalled_subscriber_costs_a_bounded_window_and_resumes_in_order(
+    api: Api,
+) -> None:
+    """Catalogue S8: a consumer that reads nothing while 20,000 small events are appended (in
+    batches of 1,000, outside any busy period), while a second consumer reads along. The
+    server's followers hold at most the window's frames, sampled after every batch, however far
+    the stalled one falls behind (no per-subscriber queue: it holds a cursor); the reading
+    consumer gets every event in order as it commits. The stalled one's socket takes 4 KiB, so
+    the server cannot hand the 7 MB of frames to the sockets: its sends to that client wait.
+    Then the stalled consumer drops its connection and comes back with its ``Last-Event-ID``: it
+    gets every event from history, in order, and the server closes every stream it held."""
+    sid = await api.session([{"text": "unused"}])
+    model = ModelRef.parse("scripted/" + str(api.h.workspace / "none.json"))
+    slow = Api(api.h, api.url, _small_window_client(api))
+    async with slow.http, stream(slow, sid) as stalled, stream(api, sid) as reading:
+        history = await stalled.events(synced)
+        await reading.events(synced)
+        last = (await store_seqs(api, sid))[-1] + STALL_EVENTS
+        follower = asyncio.create_task(_read_through(reading, last))
+        held: list[int] = []
+        for _ in range(STALL_EVENTS // STALL_BATCH):
+            batch = [ev.ModelSelected(session_id=sid, model=model) for _ in range(STALL_BATCH)]
+            await api.h.store.events.publish_many(batch)
+            held.append(await _held(api))
+        live = await follower
+        wire = sum(len(m.data) for m in live)
+    # The stalled consumer gives up on its connection and comes back with its cursor.
+    cursor = str(seqs(history)[-1])
+    async with stream(api, sid, **{"Last-Event-ID": cursor}) as resumed:
+        late = history + await _read_through(resumed, last)
+    await api.h.until(lambda: _streams(api, 0))
+    expected = await store_seqs(api, sid)
+    assert len(expected) > STALL_EVENTS and expected[-1] == last
+    assert seqs(history + live[:-1] + live[-1:]) == expected
+    assert seqs(late) == expected
+    # Bounded by the window, never by how far behind the stalled one is.
+    assert max(held) <= WINDOW_BYTES + KEPT_PAGE_BYTES
+    assert max(held) < wire / 2, (max(held), wire)
+    assert len(live) > WINDOW_FRAMES
 
 
 async def test_clients_that_leave_end_their_streams(api: Api) -> None:
