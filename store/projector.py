@@ -199,7 +199,7 @@ _INSERT_MESSAGE = Prepared(
 )
 _LATEST_ASSISTANT = Prepared(
     lambda _dialect: (
-        sa.select(message_table.c.id)
+        sa.select(message_table.c.id, message_table.c.data)
         .where(message_table.c.session_id == sa.bindparam("sid"))
         .where(message_table.c.type == "assistant")
         .order_by(message_table.c.seq.desc())
@@ -329,15 +329,27 @@ async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
     return message
 
 
-async def _latest_assistant(tx: Tx, session_id: str) -> AssistantMessage | None:
-    """The session's latest assistant message, as this transaction sees it."""
+async def _latest_assistant(
+    tx: Tx, session_id: str, changes: Callable[[AssistantMessage], bool]
+) -> AssistantMessage | None:
+    """The session's latest assistant message, as this transaction sees it, if ``changes``
+    says the caller is to change it (else None).
+
+    Its parts are read only then: the message's own row answers ``changes`` (which must look at
+    the message's own fields only), and a long step's parts are many.
+    """
     await _write_back(tx)  # the query must see this transaction's changes
     row = await _LATEST_ASSISTANT.first(tx.conn, tx.dialect, {"sid": session_id})
     if row is None:
         return None
-    message = await load_message(tx, session_id, row[0])
-    assert isinstance(message, AssistantMessage), row[0]
-    return message
+    message_id, data = row
+    if message_id not in _messages(tx):
+        head = codec.load_model(MESSAGE_ADAPTER, data)  # the message without its parts
+        if not isinstance(head, AssistantMessage) or not changes(head):
+            return None
+    message = await load_message(tx, session_id, message_id)
+    assert isinstance(message, AssistantMessage), message_id
+    return message if changes(message) else None
 
 
 async def _assistant(tx: Tx, event: Any) -> AssistantMessage:
@@ -573,10 +585,18 @@ async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> N
 
 async def _complete_stale_assistants(tx: Tx, stored: StoredEvent) -> None:
     """A newer step supersedes an older assistant message that never completed."""
-    previous = await _latest_assistant(tx, stored.aggregate_id)
-    if previous is not None and previous.time_completed is None:
+    previous = await _latest_assistant(tx, stored.aggregate_id, _incomplete)
+    if previous is not None:
         previous.time_completed = stored.created
         await _save_message(tx, stored, previous)
+
+
+def _incomplete(message: AssistantMessage) -> bool:
+    return message.time_completed is None
+
+
+def _retrying(message: AssistantMessage) -> bool:
+    return message.retry is not None
 
 
 @handles(ev.StepEnded)
@@ -647,8 +667,8 @@ async def _retry(tx: Tx, stored: StoredEvent, event: ev.RetryScheduled) -> None:
 
 @handles(ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
 async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
-    message = await _latest_assistant(tx, event.session_id)
-    if message is not None and message.retry is not None:
+    message = await _latest_assistant(tx, event.session_id, _retrying)
+    if message is not None:
         message.retry = None
         await _save_message(tx, stored, message)
 
