@@ -14,13 +14,16 @@ refused. Replay implements reference §2.4, owner fencing included.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
@@ -29,6 +32,7 @@ from sessionflow.errors import (
     PayloadTooLargeError,
     SequenceConflictError,
     StoreError,
+    StoreUnavailableError,
 )
 from sessionflow.ids import event_id, new_ids, validate_id
 from sessionflow.models.events import Event
@@ -41,6 +45,10 @@ from store.registry import EventRegistry
 from store.schema import event_table, sequence_table
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# A following read that finds the database down waits this long, doubling up to the most.
+_FOLLOW_FIRST_PAUSE_S = 0.05
+_FOLLOW_MAX_PAUSE_S = 2.0
 
 PAGE_SIZE = 512
 
@@ -584,9 +592,10 @@ class EventStore:
                 yield item
             while True:
                 await bell.wait(interval)
-                latest = await self.latest_sequence(aggregate_id)
+                latest = await _riding_out(partial(self.latest_sequence, aggregate_id))
                 while cursor < latest:
-                    page = await self.read_after(aggregate_id, cursor, through=latest)
+                    read = partial(self.read_after, aggregate_id, cursor, through=latest)
+                    page = await _riding_out(read)
                     for event in page.events:
                         yield event
                     cursor = page.cursor if page.cursor > cursor else latest
@@ -600,6 +609,23 @@ class EventStore:
                 yield event
             cursor = page.cursor if page.cursor > cursor else target
         yield Synced(aggregate_id, target if target >= 0 else None)
+
+
+async def _riding_out(read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, again after a growing, jittered pause while the database is unavailable.
+
+    A follower past its history outlives a database restart (C4): it keeps its cursor and
+    carries on from it once the database is back, where it would otherwise end and leave its
+    reader to start over. No bound: following is open-ended, and the listener reconnects
+    without one too. A read that fails otherwise still ends the follow."""
+    pause = _FOLLOW_FIRST_PAUSE_S
+    while True:
+        try:
+            return await read()
+        except StoreUnavailableError as error:
+            log.warning("Following: the database is unavailable, retrying: %s", error.reason)
+        await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(2 * pause, _FOLLOW_MAX_PAUSE_S)
 
 
 def unique_violation_error(

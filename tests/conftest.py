@@ -27,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from sessionflow.client import SESSION_ID_ATTRIBUTE
 from sessionflow.settings import Settings
 from store import Store, open_store
+from tests.pgcluster import Cluster, ClusterError
 
 POSTGRES_URL = os.environ.get("SESSIONFLOW_TEST_POSTGRES_URL")
 
@@ -127,6 +128,28 @@ def own_database(postgres_url: str) -> Iterator[str]:
     yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
     with psycopg.connect(_libpq(postgres_url), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL cluster of this test process's own (``tests/pgcluster.py``), for
+    tests that restart, stop or kill the server: never the shared one. It fails, never skips,
+    where the server binaries are missing."""
+    try:
+        cluster = Cluster.create()
+    except ClusterError as error:
+        pytest.fail(str(error))
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def cluster_database(pg_cluster: Cluster) -> str:
+    """The URL of a fresh database on ``pg_cluster``, up (an earlier test may have left the
+    server down)."""
+    if not pg_cluster.running():
+        pg_cluster.start()
+    return pg_cluster.create_database(f"sf_{uuid.uuid4().hex[:16]}")
 
 
 StoreFactory = Callable[..., Awaitable[Store]]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
+from collections.abc import Awaitable, Callable
 
 import pytest
 
+from sessionflow.errors import StoreUnavailableError
 from store import Store
 from store.events import StoredEvent
 from tests.conftest import StoreFactory, Target
+from tests.pgcluster import Cluster
 from tests.store.helpers import Probe, appends_with_rollbacks, rows
 from tests.store.procs import appender, claim_racer, spawn
 
@@ -130,3 +134,51 @@ async def test_a_postgres_follower_survives_its_listener_connection_being_killed
     await store.close()
     assert received == list(range(total))
     assert store.notifier.reconnects >= 1 and store.notifier.listener_pid != first_pid
+
+
+@pytest.mark.parametrize("how", ["restart -m fast", "stop -m immediate"])
+async def test_a_postgres_follower_rides_out_its_server_going_down(
+    how: str, pg_cluster: Cluster, cluster_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catalogue C4: a follower past its history while its whole PostgreSQL server (a throwaway
+    cluster) restarts, or stops and, once the follower's read has found it down, starts again.
+    It keeps its cursor and gets every event once, those appended after the restart too (it
+    used to end with ``StoreUnavailableError``)."""
+    caplog.set_level(logging.WARNING, logger="store.events")
+    store = await Target(cluster_database).open()
+    store.events.registry.register(Probe)
+    try:
+        await store.events.publish(Probe(session_id="ses_restart", value=0))
+        follower = asyncio.create_task(_follow_until(store, "ses_restart", 2, poll_interval=0.02))
+        while store.notifier.listener_pid is None:
+            await asyncio.sleep(0.01)
+        await store.events.publish(Probe(session_id="ses_restart", value=1))
+        if how == "restart -m fast":
+            await asyncio.to_thread(pg_cluster.restart_fast)
+        else:
+            await asyncio.to_thread(pg_cluster.stop_immediate)
+            while not follower.done() and not _retried(caplog):
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(pg_cluster.start)
+        await _through_outage(
+            lambda: store.events.publish(Probe(session_id="ses_restart", value=2))
+        )
+        received = await asyncio.wait_for(follower, 30)
+    finally:
+        await store.close()
+    assert received == [0, 1, 2]
+
+
+def _retried(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether the follower's read found the database down and is trying again."""
+    return any(r.getMessage().startswith("Following:") for r in caplog.records)
+
+
+async def _through_outage(write: Callable[[], Awaitable[object]]) -> None:
+    """A write its caller retries while the database is still coming back."""
+    while True:
+        try:
+            await write()
+            return
+        except StoreUnavailableError:
+            await asyncio.sleep(0.05)

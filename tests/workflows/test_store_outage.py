@@ -1,18 +1,25 @@
-"""Catalogue C4 through a drain: the session's PostgreSQL database goes down and comes back
-while a turn streams and while a tool runs. docs/reliability.md lists the case."""
+"""Catalogue C4 through a drain: the session's PostgreSQL database goes down and comes back, or
+its whole server restarts, is stopped or is killed, while a turn streams and while a tool runs.
+docs/reliability.md lists the case."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
+from store import Store
+from store.events import StoredEvent
 from tests.conftest import Target
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
+from tests.pgcluster import Cluster
 from tests.store.conftest import allow_connections, refuse_connections
 from tests.workflows.harness import Harness, call, harness
 
@@ -91,6 +98,133 @@ async def test_a_drain_rides_out_its_database_going_down_mid_stream_and_mid_tool
     assert text.startswith("before ") and text.endswith("continuingdone"), text
 
 
+# How the server goes away: (what is done to it, whether it is down until started again).
+RESTARTS = {
+    "restart -m fast": (Cluster.restart_fast, False),
+    "stop -m immediate": (Cluster.stop_immediate, True),
+    "kill -9 postmaster": (Cluster.kill_postmaster, True),
+}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("how", list(RESTARTS))
+async def test_a_drain_rides_out_its_postgres_server_restarting_mid_stream_and_mid_tool(
+    how: str,
+    temporal_env: WorkflowEnvironment,
+    pg_cluster: Cluster,
+    cluster_database: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C4: the whole PostgreSQL server (a throwaway cluster of the test's own) restarts
+    (``pg_ctl restart -m fast``), or is stopped (``pg_ctl stop -m immediate``) or killed
+    (``kill -9`` of the postmaster) and started again, twice: while the turn's append is in
+    flight (its transaction waits on the claim row, which the test holds) and while a tool's
+    settlement is. A server that is down stays down until the drain, and a follower on a
+    store of its own, have run into it. The busy period succeeds under its one
+    claim; each call settles once as a success and the tool ran once; every event the follower
+    was given (committed, so acknowledged) is in the final log, which it got exactly once and
+    in order; the seqs are gap-free and the checker passes."""
+    caplog.set_level(logging.WARNING)
+    act, stays_down = RESTARTS[how]
+    database = make_url(cluster_database).database
+    assert database is not None
+    store = await Target(cluster_database).open()
+    follower_store = await Target(cluster_database).open()
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            stream, tool = h.gate_file("stream"), h.gate_file("tool")
+            sid = await h.session(
+                [{"text": "before "}, {"wait_for_file": stream}, {"text": "after", "chunks": 20}],
+                [
+                    {"text": "continuing"},
+                    call("slow", "gate", text="ran through the restart", gate=tool),
+                    call("quick", "echo", text="quick"),
+                ],
+                [{"text": "done"}],
+            )
+            followed: list[StoredEvent] = []
+            follower = asyncio.create_task(_follow(follower_store, sid, followed))
+            await h.client.prompt(sid, "Go")
+            await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+
+            async def outage(gate: str, then: object) -> None:
+                """The server goes away while a write (let go by ``gate``) waits on the claim
+                row inside its transaction; a stopped one starts again once ``then`` holds."""
+                async with _claim_row_held(pg_cluster, database, sid):
+                    h.open_gate(gate)
+                    await h.until(lambda: _lock_waiters(pg_cluster, database), timeout=30)
+                    await asyncio.to_thread(act, pg_cluster)
+                if stays_down:
+                    await h.until(then, timeout=60)
+                    await h.until(lambda: follower.done() or _follower_retried(caplog))
+                    await asyncio.to_thread(pg_cluster.start)
+
+            await outage("stream", lambda: _turn_failed(h, sid))
+            await h.until(lambda: h.gate.active == 1, timeout=60)
+            await h.until(lambda: _settled(h, sid, "quick"), timeout=30)
+            caplog.clear()
+            await outage("tool", lambda: _store_retried(caplog))
+            await h.client.wait_idle(sid, timeout=90)
+            log = await final_log(store, sid)
+            await asyncio.wait([follower], timeout=30)
+            assert follower.done(), "the follower never reached the busy period's end"
+            follower.result()
+    finally:
+        if not pg_cluster.running():
+            pg_cluster.start()
+        await follower_store.close()
+        await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded", log[-1].data
+    assert len({(e.execution_id, e.epoch) for e in log if e.execution_id}) == 1
+    settled = [(e.data.call_id, e.data.type) for e in log if e.data.type in TOOL_TERMINALS]
+    assert sorted(settled) == [("quick", "session.tool.success"), ("slow", "session.tool.success")]
+    assert h.gate.started == ["ran through the restart"]
+    assert [e.seq for e in log] == list(range(log[0].seq, log[0].seq + len(log)))
+    assert [(e.seq, e.id) for e in followed] == [(e.seq, e.id) for e in log]
+    # A turn cut off mid-append is closed once, naming the outage, and asked again.
+    cut = [e.data.error.message for e in log if e.data.type == "session.step.failed"]
+    assert len(cut) <= 1 and all("database is unavailable" in m for m in cut), cut
+    text = "".join(getattr(e.data, "text", "") for e in log if e.data.type == "session.text.ended")
+    assert text.startswith("before ") and text.endswith("continuingdone"), text
+
+
+async def _follow(store: Store, sid: str, into: list[StoredEvent]) -> None:
+    """Follow ``sid`` live from its first event until its busy period ends."""
+    async for item in store.events.log(sid, follow=True):
+        if isinstance(item, StoredEvent):
+            into.append(item)
+            if item.data.type == "session.execution.succeeded":
+                return
+
+
+@contextlib.asynccontextmanager
+async def _claim_row_held(cluster: Cluster, database: str, sid: str) -> AsyncIterator[None]:
+    """The session's claim row locked by a connection of the test's, so that the drain's next
+    write waits on it inside its transaction: the server then goes away mid-write."""
+    conn = await psycopg.AsyncConnection.connect(cluster.libpq(database))
+    try:
+        await conn.execute(
+            "SELECT 1 FROM session_execution WHERE session_id = %s FOR UPDATE", [sid]
+        )
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            await conn.close()
+
+
+def _lock_waiters(cluster: Cluster, database: str) -> bool:
+    with psycopg.connect(cluster.libpq(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
+            [database],
+        ).fetchone()
+    return bool(row and row[0])
+
+
 async def _has(h: Harness, sid: str, kind: str) -> bool:
     return kind in await h.types(sid, deltas=True)
 
@@ -105,6 +239,11 @@ async def _turn_failed(h: Harness, sid: str) -> bool:
     the database being down."""
     history = await h.client._handle(sid).fetch_history()
     return any(e.HasField("activity_task_failed_event_attributes") for e in history.events)
+
+
+def _follower_retried(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether the follower's read found the database down and is trying again."""
+    return any(r.getMessage().startswith("Following:") for r in caplog.records)
 
 
 def _store_retried(caplog: pytest.LogCaptureFixture) -> bool:
