@@ -23,14 +23,15 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-# SESSIONFLOW_BENCH_TRACE=file: each statement's scope and first line, to find where trips go.
-_TRACE = open(os.environ["SESSIONFLOW_BENCH_TRACE"], "w") if os.environ.get("SESSIONFLOW_BENCH_TRACE") else None
+# SESSIONFLOW_BENCH_TRACE=file: each statement's scope, whether a BEGIN went before it, and its
+# first 160 characters, one line each (PostgreSQL), to find where the round trips go.
+_TRACE_PATH = os.environ.get("SESSIONFLOW_BENCH_TRACE")
+_TRACE = open(_TRACE_PATH, "w", buffering=1) if _TRACE_PATH else None  # noqa: SIM115
 
 
 def _sql(args: tuple[Any, ...]) -> str:
     query = args[0] if args else ""
-    text = query if isinstance(query, str) else getattr(query, "as_string", lambda _c: str(query))(None)
-    return " ".join(str(text).split())[:160]
+    return " ".join(str(query).split())[:160]
 
 
 scope: contextvars.ContextVar[str] = contextvars.ContextVar("bench_scope", default="other")

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -264,6 +263,10 @@ async def test_a_turns_view_writes_what_the_general_path_writes(store: Store) ->
     assert results[0] == results[1]
 
 
+async def _written_so_far(store: Store, sid: str) -> tuple[object, ...]:
+    return ((await store.events.read_after(sid)).events, _shape(await _message(store, sid)))
+
+
 async def _message(store: Store, sid: str) -> AssistantMessage:
     message = (await store.sessions.messages(sid))[-1]
     assert isinstance(message, AssistantMessage)
@@ -343,10 +346,13 @@ async def test_a_view_batch_of_a_lost_claim_writes_nothing(store: Store) -> None
     batches = _turn(sid, mid)
     for batch in batches[:2]:
         await store.append(claim, batch, step_attempt=0, view=view)
-    before = ((await store.events.read_after(sid)).events, _shape(await _message(store, sid)))
+    before = await _written_so_far(store, sid)
     await store.claims.release(claim)
     await store.claims.acquire(sid, "exec_b", "owner")
     with pytest.raises(ClaimLostError):
         await store.append(claim, batches[3], step_attempt=0, view=view)
     assert view.message is None
-    assert ((await store.events.read_after(sid)).events, _shape(await _message(store, sid))) == before
+    assert (
+        (await store.events.read_after(sid)).events,
+        _shape(await _message(store, sid)),
+    ) == before
