@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from sessionflow.errors import StoreUnavailableError
+from sessionflow.ids import new_ids
 from sessionflow.models import events as ev
 from sessionflow.models.events import Event
 from sessionflow.settings import Settings
@@ -55,15 +57,27 @@ class Store:
     async def _append(
         self, claim: Claim, events: Sequence[Event], step_attempt: int | None
     ) -> list[StoredEvent]:
+        # The batch's ids are drawn once: they find it again if its commit is ambiguous.
+        ids = new_ids("evt", len(events))
+        try:
+            return await self._append_once(claim, events, ids, step_attempt)
+        except StoreUnavailableError:
+            # The connection failed, perhaps after the commit (catalogue C2): once more, as
+            # a fenced publish under the same ids, which returns the batch as stored (its
+            # original seqs) if it committed, and writes it whole if it did not.
+            keyed = list(zip(events, ids, strict=True))
+            return await self._append_fenced(claim, keyed, None, step_attempt)
+
+    async def _append_once(
+        self, claim: Claim, events: Sequence[Event], ids: list[str], step_attempt: int | None
+    ) -> list[StoredEvent]:
         if any(self.events.has_projector(type(e)) for e in events) or (
             len({e.aggregate_id for e in events}) > 1
         ):
-
-            async def publish(tx: Tx) -> list[StoredEvent]:
-                return await self.events.publish_many(events, tx=tx)
-
-            return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
+            return await self._append_fenced(claim, events, ids, step_attempt)
         rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+        for row, id in zip(rows, ids, strict=True):
+            row["id"] = id
         fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
         stored: list[StoredEvent] = []
 
@@ -79,6 +93,18 @@ class Store:
         if not appended:
             raise await self.claims.why_lost(claim, step_attempt)
         return stored
+
+    async def _append_fenced(
+        self,
+        claim: Claim,
+        events: Sequence[Event | tuple[Event, str]],
+        fresh_ids: list[str] | None,
+        step_attempt: int | None,
+    ) -> list[StoredEvent]:
+        async def publish(tx: Tx) -> list[StoredEvent]:
+            return await self.events.publish_many(events, tx=tx, fresh_ids=fresh_ids)
+
+        return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
 
     async def settle_call(
         self, claim: Claim, run: ToolAttempt, event: ToolEvent, before: StoredPart
