@@ -34,9 +34,10 @@ def collapsed(types: list[str]) -> list[str]:
 async def test_drains_under_counted_persistence_faults_end_as_unharmed_ones(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """C6: sessions with a plain turn and a tool turn, drained while every 5th write statement
-    meets a transient fault (40001, 40P01 and a commit whose answer is lost on PostgreSQL; the
-    write lock held and a lost commit answer on SQLite). Every busy period succeeds, the tool
+    """C6 (and C2, the lost commit answers): sessions with a plain turn and a tool turn,
+    drained while every 5th write statement meets a transient fault (40001, 40P01 and a commit
+    whose answer is lost on PostgreSQL; the write lock held and a lost commit answer on
+    SQLite). Every busy period succeeds, the tool
     runs and settles once, the answers are the model's; the checker passes (harness). (A
     conflict inside a turn's own fenced writes can still restart that turn: see C6's row.)"""
     backend = h.store.db.dialect
