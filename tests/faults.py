@@ -57,6 +57,9 @@ class Injector:
     # always write; a read's commit has nothing to lose.
     _hot_commits: int = 0
     pooled: bool = True
+    # Stored event types whose write's commit lands and then loses its answer, once each
+    # (PostgreSQL: SQLite's inline statements run on the driver, unseen by these events).
+    commit_on: list[str] = field(default_factory=list)
 
     def arm(self, *, commit_then_fail: int = 0, before: list[Fault] | None = None) -> None:
         self.commits_to_fail += commit_then_fail
@@ -109,8 +112,13 @@ class Injector:
 
     # --- SQLAlchemy connections -----------------------------------------------------------------
 
-    def _before_execute(self, conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+    def _before_execute(
+        self, conn: Any, _cursor: Any, statement: str, parameters: Any, *_args: Any
+    ) -> None:
         dialect = conn.dialect.name
+        hit = self._matching(parameters)
+        if hit is not None:
+            conn.info["faults.commit_on"] = hit
         if statement.lstrip().upper().startswith(("BEGIN", "SAVEPOINT", "RELEASE")):
             return
         if dialect == "sqlite":
@@ -122,13 +130,30 @@ class Injector:
             raise error
 
     def _begin(self, conn: Any) -> None:
+        conn.info.pop("faults.commit_on", None)  # a match belongs to its own transaction
         if conn.dialect.name == "sqlite":
             error = self.take_before("sqlite", inside=False)
             if error is not None:
                 raise error
 
+    def _matching(self, parameters: Any) -> str | None:
+        """The armed event type these parameters insert, if any."""
+        if not self.commit_on:
+            return None
+        sets = parameters if isinstance(parameters, list | tuple) else [parameters]
+        for one in sets:
+            values = one.values() if isinstance(one, dict) else ()
+            for value in values:
+                if isinstance(value, str) and value in self.commit_on:
+                    return value
+        return None
+
     def _commit(self, conn: Any) -> None:
-        if not self.take_commit():
+        hit = conn.info.pop("faults.commit_on", None)
+        if hit is not None and hit in self.commit_on:
+            self.commit_on.remove(hit)
+            self._note(f"commit_then_fail:{hit}")
+        elif not self.take_commit():
             return
         conn.connection.dbapi_connection.commit()  # it lands; then the answer is lost
         raise driver_error("connection", conn.dialect.name)
@@ -161,7 +186,13 @@ class _Psycopg:
         error = self._injector.take_before("postgresql", inside=True)  # each one writes
         if error is not None:
             raise error
+        hit = self._injector._matching(args[1] if len(args) > 1 else kwargs.get("params"))
         cursor = await self._conn.execute(*args, **kwargs)
+        if hit is not None:
+            self._injector.commit_on.remove(hit)
+            self._injector._note(f"commit_then_fail:{hit}")
+            await cursor.fetchall()
+            raise driver_error("connection", "postgresql")
         if self._injector.take_commit(hot=True):
             await cursor.fetchall()
             raise driver_error("connection", "postgresql")

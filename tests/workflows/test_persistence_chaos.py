@@ -5,10 +5,17 @@ end as an unharmed run does, and the harness runs the invariant checker over eve
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from sessionflow.models import events as ev
+from tests.conftest import Target
 from tests.faults import Fault, injecting
-from tests.workflows.harness import Harness, call
+from tests.invariants import final_log
+from tests.workflows.harness import Harness, call, harness
 
 SESSIONS = 3
 
@@ -71,3 +78,43 @@ async def test_drains_under_counted_persistence_faults_end_as_unharmed_ones(
         texts = [e.data.get("text") for e in await h.events(sid) if e.type == "session.text.ended"]
         # The script's turns are served in order across sessions.
         assert texts[-1] == "done" and texts[0].endswith(" more end"), texts
+
+
+async def test_activities_whose_commit_answer_is_lost_are_retried_and_write_once(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C2 through a drain (PostgreSQL, where the injector sees which event a statement
+    writes): the tool's settlement (one statement on the hot path), the step's settlement
+    (``finish_step``, a fenced transaction) and the busy period's terminal with its release
+    (``finish_execution``) each commit and then lose their answer. Each is retried (the tool's
+    by ``through_outages``, the others by Temporal) and finds its own write: one settlement,
+    one step end per step, one terminal, no turn restarted; the checker passes (harness)."""
+    store = await postgres_target.open()
+    armed = [
+        ev.ToolSucceeded.stored_type(),
+        ev.StepEnded.stored_type(),
+        ev.ExecutionSucceeded.stored_type(),
+    ]
+    try:
+        with injecting(monkeypatch) as faults:
+            async with harness(temporal_env.client, store, tmp_path) as h:
+                sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
+                faults.commit_on += armed
+                await h.client.prompt(sid, "Go")
+                await h.client.wait_idle(sid, timeout=60)
+                log = await final_log(store, sid)
+                handle = temporal_env.client.get_workflow_handle(f"session-{sid}")
+                await handle.result()  # the drain itself ended well, not only its log
+                status = (await handle.describe()).status
+    finally:
+        await store.close()
+    assert faults.seen == {f"commit_then_fail:{t}": 1 for t in armed}
+    assert status == WorkflowExecutionStatus.COMPLETED
+    types = [e.data.type for e in log]
+    assert types.count("session.tool.success") == 1
+    assert types.count("session.step.ended") == 2
+    assert types.count("session.execution.succeeded") == 1
+    assert "session.synthetic" not in types and "session.step.failed" not in types
