@@ -21,6 +21,7 @@ from activities.restart import (
 from activities.runtime import Runtime, to_claim, to_ref, translated
 from activities.tools.changes import step_files
 from sessionflow.agents import UnknownAgentError
+from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
@@ -107,17 +108,22 @@ class SessionActivities:
             event = ev.ExecutionFailed(
                 session_id=claim.session_id, execution_id=claim.execution_id, error=error
             )
+        terminal_id = f"evt_{claim.execution_id}_{outcome.type}"
         async with translated():
             fenced = to_claim(claim)
-            # The terminal event and the release commit together: no window in which the
-            # session is finished but still claimed (or released without its terminal).
-            async with self.store.claims.fenced(fenced) as tx:
-                await self.store.events.publish(
-                    event, id=f"evt_{claim.execution_id}_{outcome.type}", tx=tx
-                )
-                await self.store.claims.clear_recoveries(tx, claim.session_id)
-                if not request.keep_claim:
-                    await self.store.claims.release_in(tx, fenced)
+            try:
+                # The terminal event and the release commit together: no window in which the
+                # session is finished but still claimed (or released without its terminal).
+                async with self.store.claims.fenced(fenced) as tx:
+                    await self.store.events.publish(event, id=terminal_id, tx=tx)
+                    await self.store.claims.clear_recoveries(tx, claim.session_id)
+                    if not request.keep_claim:
+                        await self.store.claims.release_in(tx, fenced)
+            except ClaimLostError:
+                # An earlier attempt committed and lost its answer (catalogue C2): the claim
+                # is released because this very terminal was written with it.
+                if not await self.store.events.exists(claim.session_id, terminal_id):
+                    raise
 
     @activity.defn
     async def claim_and_prepare(self, request: ClaimAndPrepareInput) -> ClaimAndPrepareResult:

@@ -21,7 +21,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -160,15 +160,25 @@ class EventStore:
         return (await self.db.transact(lambda own: self._append(own, [prepared], commit)))[0]
 
     async def publish_many(
-        self, events: Iterable[Event | tuple[Event, str]], *, tx: Tx | None = None
+        self,
+        events: Iterable[Event | tuple[Event, str]],
+        *,
+        tx: Tx | None = None,
+        fresh_ids: Sequence[str] | None = None,
     ) -> list[StoredEvent]:
-        """Append a batch atomically: every event or none (an invalid one refuses the batch)."""
+        """Append a batch atomically: every event or none (an invalid one refuses the batch).
+
+        ``fresh_ids``: ids the caller drew for the events (its keys to find the batch again
+        after an ambiguous commit), new, so not looked up as explicit ``(event, id)`` ids are.
+        """
         prepared = [
             self._prepare(item[0], item[1], None)
             if isinstance(item, tuple)
             else self._prepare(item, None, None)
             for item in events
         ]
+        if fresh_ids is not None:
+            prepared = [replace(p, id=id) for p, id in zip(prepared, fresh_ids, strict=True)]
         if not prepared:
             return []
         if tx is not None:
@@ -511,6 +521,14 @@ class EventStore:
         return None
 
     # --- reads ----------------------------------------------------------------------------------
+
+    async def exists(self, aggregate_id: str, event_id: str) -> bool:
+        """Whether ``event_id`` is stored: a writer whose commit lost its answer asks."""
+        query = sa.select(event_table.c.id).where(
+            event_table.c.aggregate_id == aggregate_id, event_table.c.id == event_id
+        )
+        async with self.db.read(single=True) as conn:
+            return (await conn.execute(query)).first() is not None
 
     async def latest_sequence(self, aggregate_id: str) -> int:
         async with self.db.read(single=True) as conn:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 
+from sessionflow.errors import StoreUnavailableError
+from sessionflow.ids import new_ids
 from sessionflow.models import events as ev
 from sessionflow.models.events import Event
 from sessionflow.models.messages import AssistantMessage
@@ -71,76 +74,64 @@ class Store:
             return []
         attributes: dict[str, str | int] = {"session.id": claim.session_id, "events": len(events)}
         with _tracer.start_as_current_span("store.append", attributes=attributes):
-            if view is None or not isinstance(self.writer, PostgresWriter):
-                return await self._append(claim, events, step_attempt)
-            return await self._append_viewed(claim, events, step_attempt, view)
-
-    async def _append_viewed(
-        self, claim: Claim, events: Sequence[Event], step_attempt: int | None, view: TurnView
-    ) -> list[StoredEvent]:
-        message, view.message = view.message, None  # forgotten unless this batch commits
-        projected = all(self.events.projects_only(type(e), projector.PART_EVENTS) for e in events)
-        if message is not None and projected and projector.parts_only(message, events):
-            stored = await self._append_parts(claim, events, step_attempt, message)
-        elif not any(self.events.has_projector(type(e)) for e in events):
-            stored = await self._append(claim, events, step_attempt)  # deltas: no part changes
-        else:
-            captured: list[AssistantMessage] = []
-            stored = await self._append(claim, events, step_attempt, captured)
-            message = captured[-1] if captured else None
-        view.message = message
-        return stored
-
-    async def _append_parts(
-        self,
-        claim: Claim,
-        events: Sequence[Event],
-        step_attempt: int | None,
-        message: AssistantMessage,
-    ) -> list[StoredEvent]:
-        """``_PG_PARTS``: the batch projected on ``message`` (the turn's view) and written with
-        the parts it changed in one statement."""
-        assert isinstance(self.writer, PostgresWriter)
-        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
-        placed = [
-            StoredEvent(row["id"], row["aggregate_id"], -1, row["created"], row["type"], event)
-            for row, event in zip(rows, events, strict=True)
-        ]
-        parts = await projector.project_parts(message, placed)
-        fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
-        stored: list[StoredEvent] = []
-
-        def announce() -> None:  # runs with the commit, before a cancellation can cut in
-            stored.extend(self.events.committed(rows, events))
-
-        if not await self.writer.append(fence, rows, announce, parts=parts):
-            raise await self.claims.why_lost(claim, step_attempt)
-        return stored
+            return await self._append(claim, events, step_attempt, view)
 
     async def _append(
         self,
         claim: Claim,
         events: Sequence[Event],
         step_attempt: int | None,
-        captured: list[AssistantMessage] | None = None,
+        view: TurnView | None,
     ) -> list[StoredEvent]:
-        """``captured``: gets the assistant message that the events' projection left, when
-        they have one (a turn's ``view``)."""
-        if any(self.events.has_projector(type(e)) for e in events) or (
-            len({e.aggregate_id for e in events}) > 1
-        ):
+        # The batch's ids are drawn once: they find it again if its commit is ambiguous.
+        ids = new_ids("evt", len(events))
+        try:
+            return await self._append_once(claim, events, ids, step_attempt, view)
+        except StoreUnavailableError:
+            # The connection failed, perhaps after the commit (catalogue C2): once more, as
+            # a fenced publish under the same ids, which returns the batch as stored (its
+            # original seqs) if it committed, and writes it whole if it did not.
+            keyed = list(zip(events, ids, strict=True))
+            return await self._append_fenced(claim, keyed, None, step_attempt)
 
-            async def publish(tx: Tx) -> list[StoredEvent]:
-                stored = await self.events.publish_many(events, tx=tx)
-                if captured is not None:
-                    mid = getattr(events[0], "assistant_message_id", None)
-                    message = projector.cached_message(tx, mid) if mid else None
-                    if isinstance(message, AssistantMessage):
-                        captured.append(message)
-                return stored
+    async def _append_once(
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        ids: list[str],
+        step_attempt: int | None,
+        view: TurnView | None,
+    ) -> list[StoredEvent]:
+        message = None
+        if view is not None and isinstance(self.writer, PostgresWriter):
+            message, view.message = view.message, None  # forgotten unless this batch commits
+        else:
+            view = None  # SQLite's general path runs inline: a view saves it nothing
+        projected = any(self.events.has_projector(type(e)) for e in events)
+        if view is not None and message is not None and self._parts_only(message, events):
+            stored = await self._append_parts(claim, events, ids, step_attempt, message)
+        elif projected or len({e.aggregate_id for e in events}) > 1:
+            captured: list[AssistantMessage] | None = None if view is None else []
+            stored = await self._append_fenced(claim, events, ids, step_attempt, captured)
+            message = captured[-1] if captured else None
+        else:
+            stored = await self._append_hot(claim, events, ids, step_attempt)
+        if view is not None:
+            view.message = message
+        return stored
 
-            return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
-        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+    def _parts_only(self, message: AssistantMessage, events: Sequence[Event]) -> bool:
+        """Whether ``events`` change only parts of ``message`` that a turn alone writes."""
+        kinds = projector.PART_EVENTS
+        return all(self.events.projects_only(type(e), kinds) for e in events) and (
+            projector.parts_only(message, events)
+        )
+
+    async def _append_hot(
+        self, claim: Claim, events: Sequence[Event], ids: list[str], step_attempt: int | None
+    ) -> list[StoredEvent]:
+        """Projector-free events of one aggregate (deltas): ``store.fast``'s one transaction."""
+        rows = self._rows(claim, events, ids)
         fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
         stored: list[StoredEvent] = []
 
@@ -156,6 +147,61 @@ class Store:
         if not appended:
             raise await self.claims.why_lost(claim, step_attempt)
         return stored
+
+    async def _append_parts(
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        ids: list[str],
+        step_attempt: int | None,
+        message: AssistantMessage,
+    ) -> list[StoredEvent]:
+        """``_PG_PARTS``: the batch projected on ``message`` (the turn's view) and written with
+        the parts it changed in one statement."""
+        assert isinstance(self.writer, PostgresWriter)
+        rows = self._rows(claim, events, ids)
+        placed = [
+            StoredEvent(row["id"], row["aggregate_id"], -1, row["created"], row["type"], event)
+            for row, event in zip(rows, events, strict=True)
+        ]
+        parts = await projector.project_parts(message, placed)
+        fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed(rows, events))
+
+        if not await self.writer.append(fence, rows, announce, parts=parts):
+            raise await self.claims.why_lost(claim, step_attempt)
+        return stored
+
+    def _rows(self, claim: Claim, events: Sequence[Event], ids: list[str]) -> list[dict[str, Any]]:
+        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+        for row, id in zip(rows, ids, strict=True):
+            row["id"] = id
+        return rows
+
+    async def _append_fenced(
+        self,
+        claim: Claim,
+        events: Sequence[Event | tuple[Event, str]],
+        fresh_ids: list[str] | None,
+        step_attempt: int | None,
+        captured: list[AssistantMessage] | None = None,
+    ) -> list[StoredEvent]:
+        """``claims.fenced`` + ``events.publish_many``. ``captured`` gets the assistant message
+        the projection left, when the batch has one (a turn's view)."""
+
+        async def publish(tx: Tx) -> list[StoredEvent]:
+            stored = await self.events.publish_many(events, tx=tx, fresh_ids=fresh_ids)
+            if captured is not None and stored:
+                mid = getattr(stored[0].data, "assistant_message_id", None)
+                message = projector.cached_message(tx, mid) if mid else None
+                if isinstance(message, AssistantMessage):
+                    captured.append(message)
+            return stored
+
+        return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
 
     async def settle_call(
         self, claim: Claim, run: ToolAttempt, event: ToolEvent, before: StoredPart

@@ -19,6 +19,8 @@ from sessionflow.errors import (
     InputConflictError,
     LifecycleConflictError,
     SessionNotFoundError,
+    StoreUnavailableError,
+    TransactionConflictError,
     UnencodableTextError,
 )
 from sessionflow.ids import message_id, validate_id
@@ -89,11 +91,13 @@ class Inputs:
                 # Only a fresh id on its first attempt cannot have been admitted before.
                 look = not fresh or attempt > 1
                 return await self._admit(session_id, input_id, prompt, delivery, look=look)
-            except sa.exc.DBAPIError as error:
-                if not _transient(error):
+            except (sa.exc.DBAPIError, TransactionConflictError, StoreUnavailableError) as error:
+                # The store's writes surface the database's transient refusals typed.
+                if isinstance(error, sa.exc.DBAPIError) and not _transient(error):
                     raise
                 if attempt == ADMIT_ATTEMPTS:
-                    cause = str(error.orig)[:200]
+                    orig = error.orig if isinstance(error, sa.exc.DBAPIError) else error
+                    cause = str(orig)[:200]
                     raise AdmissionUnavailableError(session_id, input_id, attempt, cause) from error
             await asyncio.sleep(_ADMIT_BACKOFF_S * attempt)
             attempt += 1

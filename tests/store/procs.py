@@ -80,3 +80,47 @@ def spawn(target: Any, *args: Any) -> multiprocessing.process.BaseProcess:
 
 def jitter() -> float:
     return random.random() * 0.002
+
+
+def sqlite_worker(target: Target, session_id: str, worker: int, rounds: int, start: Any) -> None:
+    """S11: one worker process's writes: a claim, then batches on the hot path (token deltas)
+    and on the fenced path (events with projections), as a drain's turns write them."""
+    asyncio.run(_sqlite_worker(target, session_id, worker, rounds, start))
+
+
+async def _sqlite_worker(
+    target: Target, session_id: str, worker: int, rounds: int, start: Any
+) -> None:
+    store = await target.open()
+    try:
+        claim = await store.claims.acquire(session_id, f"exec_w{worker}", f"owner-w{worker}")
+        await asyncio.to_thread(start.wait)
+        for round_ in range(rounds):
+            deltas = [
+                ev.TextDelta(
+                    session_id=session_id, assistant_message_id="msg_a", ordinal=0, delta="t" * 4096
+                )
+                for _ in range(20)
+            ]
+            await store.append(claim, deltas, step_attempt=1)
+            note = ev.Synthetic(session_id=session_id, text=f"round {round_}")
+            await store.append(claim, [note], step_attempt=1)
+    finally:
+        await store.close()
+
+
+def sqlite_reader(target: Target, session_ids: list[str], start: Any, stop: Any) -> None:
+    """S11: a reader process following the writers' sessions until told to stop."""
+    asyncio.run(_sqlite_reader(target, session_ids, start, stop))
+
+
+async def _sqlite_reader(target: Target, session_ids: list[str], start: Any, stop: Any) -> None:
+    store = await target.open()
+    try:
+        await asyncio.to_thread(start.wait)
+        while not stop.is_set():
+            for session_id in session_ids:
+                await store.events.read_after(session_id, -1)
+                await store.sessions.messages(session_id)
+    finally:
+        await store.close()

@@ -92,7 +92,8 @@ async def test_appends_waiting_for_a_connection_survive_their_backends_being_kil
         assert dropped > writer.size
         # Every appender finishes or fails; none waits forever for a connection that is gone.
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        assert failed, "the appends in flight were cut off"
+        # A cut-off append is tried once more under its ids (catalogue C2), on a fresh
+        # connection: those in flight go through, or fail saying the database is unavailable.
         for sid, error in failed.items():
             assert isinstance(error, StoreUnavailableError), repr(error)
             retried = await store.append(dict(appenders)[sid], deltas(sid, 2, "retry"))

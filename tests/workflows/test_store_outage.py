@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from store.events import StoredEvent
 from tests.conftest import Target
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.pgcluster import Cluster
-from tests.store.conftest import allow_connections, refuse_connections
+from tests.store.conftest import allow_connections, libpq, refuse_connections
 from tests.workflows.harness import Harness, call, harness
 
 OUTAGE_S = 3  # how long each spell lasts once the drain has run into it
@@ -249,3 +250,58 @@ def _follower_retried(caplog: pytest.LogCaptureFixture) -> bool:
 def _store_retried(caplog: pytest.LogCaptureFixture) -> bool:
     """Whether the tool's settlement was refused by the outage and is being retried."""
     return any(r.getMessage().startswith(OUTAGE_RETRY) for r in caplog.records)
+
+
+def _read_only(admin_url: str, database: str, on: bool) -> None:
+    """``ALTER DATABASE … SET default_transaction_read_only``, then every backend of the
+    database terminated so that the store's new connections take the setting."""
+    with psycopg.connect(libpq(admin_url), autocommit=True) as conn:
+        value = "on" if on else "off"
+        conn.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = {value}')
+        backends = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        pids = [row[0] for row in conn.execute(backends, [database]).fetchall()]
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+        # Until each has exited: its client's socket then reads as closed, and the pool opens
+        # a fresh connection instead of handing out one the server is still closing.
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]).fetchone():
+            time.sleep(0.01)
+
+
+@pytest.mark.fault
+async def test_a_drain_pauses_through_a_read_only_spell_and_resumes(
+    temporal_env: WorkflowEnvironment, postgres_url: str, own_database: str, tmp_path: Path
+) -> None:
+    """C11: the session's PostgreSQL database turns read-only (``ALTER DATABASE … SET
+    default_transaction_read_only=on``) while the model streams, and writable again once the
+    drain has run into it (its turn activity failed, refused). The busy period finishes under
+    its one claim: the cut-off turn is closed with the database's reason and run again, and
+    nothing of a refused batch is half there (seq gap-free; the checker passes)."""
+    database = make_url(own_database).database
+    assert database is not None
+    store = await Target(own_database).open()
+    try:
+        async with harness(temporal_env.client, store, tmp_path) as h:
+            stream = h.gate_file("stream")
+            sid = await h.session(
+                [{"text": "before "}, {"wait_for_file": stream}, {"text": "after", "chunks": 20}],
+                [{"text": "continued"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+            try:
+                await asyncio.to_thread(_read_only, postgres_url, database, True)
+                h.open_gate("stream")
+                await h.until(lambda: _turn_failed(h, sid), timeout=30)
+            finally:
+                await asyncio.to_thread(_read_only, postgres_url, database, False)
+            await h.client.wait_idle(sid, timeout=90)
+            log = await final_log(store, sid)
+    finally:
+        await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded", log[-1].data
+    assert [e.seq for e in log] == list(range(log[0].seq, log[0].seq + len(log)))
+    [cut] = [e.data for e in log if e.data.type == "session.step.failed"]
+    assert "read-only" in cut.error.message, cut.error.message

@@ -1,0 +1,120 @@
+"""Catalogue C6 through drains: the store's every statement is counted, and every few meet a
+fault (``tests.faults``): serialization failures and deadlocks (PostgreSQL), the write lock
+held (SQLite's busy), lost connections and timeouts, commits whose answer is lost. The drains
+end as an unharmed run does, and the harness runs the invariant checker over every session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from sessionflow.models import events as ev
+from tests.conftest import Target
+from tests.faults import Fault, injecting
+from tests.invariants import final_log
+from tests.workflows.harness import Harness, call, harness
+
+SESSIONS = 3
+
+
+def cycle(backend: str, *, transient_only: bool) -> tuple[Fault, ...]:
+    if backend == "sqlite":
+        return ("busy",) if transient_only else ("busy", "commit_then_fail")
+    if transient_only:
+        return ("serialization", "deadlock")
+    return ("serialization", "deadlock", "commit_then_fail")
+
+
+def collapsed(types: list[str]) -> list[str]:
+    """Consecutive token deltas as one (their batching depends on timing, not on faults)."""
+    out: list[str] = []
+    for t in types:
+        if not (t.endswith(".delta") and out and out[-1] == t):
+            out.append(t)
+    return out
+
+
+@pytest.mark.fault
+async def test_drains_under_counted_persistence_faults_end_as_unharmed_ones(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C6 (and C2, the lost commit answers): sessions with a plain turn and a tool turn,
+    drained while every 5th write statement meets a transient fault (40001, 40P01 and a commit
+    whose answer is lost on PostgreSQL; the write lock held and a lost commit answer on
+    SQLite). Every busy period succeeds, the tool
+    runs and settles once, the answers are the model's; the checker passes (harness). (A
+    conflict inside a turn's own fenced writes can still restart that turn: see C6's row.)"""
+    backend = h.store.db.dialect
+    with injecting(monkeypatch) as faults:
+        sids = []
+        for i in range(SESSIONS):
+            sids.append(
+                await h.session(
+                    # Paced chunks: the deltas after the first flush go in batches of
+                    # deltas alone, the hot path.
+                    [{"text": f"plain {i} more end", "chunks": 8, "delay_ms": 40}],
+                    [call(f"call_{i}", text="hi")],
+                    [{"text": "done", "chunks": 2}],
+                )
+            )
+        faults.chaos(5, cycle(backend, transient_only=False), pooled=False)
+        for sid in sids:
+            await h.client.prompt(sid, "first")
+            await h.client.wait_idle(sid, timeout=60)
+            await h.client.prompt(sid, "second")
+            await h.client.wait_idle(sid, timeout=60)
+        faults.chaos(0, ())
+    assert set(faults.seen) == set(cycle(backend, transient_only=False)), faults.seen
+    for sid in sids:
+        types = collapsed(await h.types(sid))
+        assert types.count("session.execution.succeeded") == 2
+        assert types.count("session.tool.success") == 1
+        assert types.count("session.tool.error") == 0
+        assert "session.synthetic" not in types, "a turn was restarted"
+        assert "session.step.failed" not in types
+        texts = [e.data.get("text") for e in await h.events(sid) if e.type == "session.text.ended"]
+        # The script's turns are served in order across sessions.
+        assert texts[-1] == "done" and texts[0].endswith(" more end"), texts
+
+
+async def test_activities_whose_commit_answer_is_lost_are_retried_and_write_once(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C2 through a drain (PostgreSQL, where the injector sees which event a statement
+    writes): the tool's settlement (one statement on the hot path), the step's settlement
+    (``finish_step``, a fenced transaction) and the busy period's terminal with its release
+    (``finish_execution``) each commit and then lose their answer. Each is retried (the tool's
+    by ``through_outages``, the others by Temporal) and finds its own write: one settlement,
+    one step end per step, one terminal, no turn restarted; the checker passes (harness)."""
+    store = await postgres_target.open()
+    armed = [
+        ev.ToolSucceeded.stored_type(),
+        ev.StepEnded.stored_type(),
+        ev.ExecutionSucceeded.stored_type(),
+    ]
+    try:
+        with injecting(monkeypatch) as faults:
+            async with harness(temporal_env.client, store, tmp_path) as h:
+                sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
+                faults.commit_on += armed
+                await h.client.prompt(sid, "Go")
+                await h.client.wait_idle(sid, timeout=60)
+                log = await final_log(store, sid)
+                handle = temporal_env.client.get_workflow_handle(f"session-{sid}")
+                await handle.result()  # the drain itself ended well, not only its log
+                status = (await handle.describe()).status
+    finally:
+        await store.close()
+    assert faults.seen == {f"commit_then_fail:{t}": 1 for t in armed}
+    assert status == WorkflowExecutionStatus.COMPLETED
+    types = [e.data.type for e in log]
+    assert types.count("session.tool.success") == 1
+    assert types.count("session.step.ended") == 2
+    assert types.count("session.execution.succeeded") == 1
+    assert "session.synthetic" not in types and "session.step.failed" not in types
