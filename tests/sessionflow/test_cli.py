@@ -277,6 +277,7 @@ async def _dev_lines(cwd: Path, port: int, *, check_pid: bool = False) -> list[s
             "temporal": True,
             "streams": 0,
             "followers": 0,
+            "held_bytes": 0,
         }
         pid_file = cwd / ".sessionflow" / f"temporal-{port}.pid"
         server_pid = int(pid_file.read_text()) if check_pid else None
