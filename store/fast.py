@@ -42,7 +42,8 @@ _BUSY_SLICE_MS = 50
 _SQLITE_NOW = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 _SQLITE_RENEW = f"""
 UPDATE session_execution
-SET expires_at = {_SQLITE_NOW} + :lease, step_attempt = max(step_attempt, :attempt)
+SET expires_at = max(expires_at, {_SQLITE_NOW} + :lease),
+    step_attempt = max(step_attempt, :attempt)
 WHERE session_id = :sid AND id = :eid AND owner_id = :owner AND epoch = :epoch
   AND expires_at > {_SQLITE_NOW} AND (:attempt < 0 OR step_attempt <= :attempt)
 RETURNING expires_at
@@ -61,7 +62,8 @@ _PG_NOW = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
 _PG_APPEND = f"""
 WITH renewed AS (
   UPDATE session_execution
-  SET expires_at = {_PG_NOW} + %(lease)s, step_attempt = greatest(step_attempt, %(attempt)s)
+  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
+    step_attempt = greatest(step_attempt, %(attempt)s)
   WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
     AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
   RETURNING 1
@@ -89,7 +91,8 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS w
 _PG_PARTS = f"""
 WITH renewed AS (
   UPDATE session_execution
-  SET expires_at = {_PG_NOW} + %(lease)s, step_attempt = greatest(step_attempt, %(attempt)s)
+  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
+    step_attempt = greatest(step_attempt, %(attempt)s)
   WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
     AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
   RETURNING 1

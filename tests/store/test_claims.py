@@ -603,3 +603,29 @@ async def test_a_delayed_write_past_its_real_expiry_is_never_committed_after_the
     assert stamped == [("exec_a", claim.epoch), ("exec_b", successor.epoch)]
     with pytest.raises(ClaimLostError, match="taken over by execution exec_b"):
         await store.claims.renew(claim)
+
+
+async def test_a_hold_past_the_lease_survives_every_write_path(store: Store) -> None:
+    """A claim held past its lease (``extend_until``: a permission waiting for a person) is
+    never shortened by a write that renews it: the hot path's deltas, a turn's parts-only
+    batch (its one statement on PostgreSQL) and the general fenced path renew to at least a
+    lease from now, and leave a later expiry as it is."""
+    from store.facade import TurnView
+
+    sid = await new_session(store)
+    mid = "msg_hold"
+    ids = {"session_id": sid, "assistant_message_id": mid}
+    claim = await store.claims.acquire(sid, "exec_a", "owner")
+    hold = claim.expires_at + 3_600_000
+    await store.claims.run_fenced(claim, lambda tx: store.claims.extend_until(tx, claim, hold))
+    view = TurnView(mid)
+    model = {"provider_id": "scripted", "id": "t.json"}
+    batches: list[list[ev.Event]] = [
+        [ev.StepStarted(**ids, agent="build", model=model)],  # the general path
+        [ev.TextStarted(**ids, ordinal=0)],  # parts only, with the view
+        [ev.TextDelta(**ids, ordinal=0, delta="x")],  # the hot path
+    ]
+    for batch in batches:
+        await store.append(claim, batch, step_attempt=0, view=view)
+        (row,) = await rows(store, "SELECT expires_at FROM session_execution")
+        assert row[0] == hold, batch[0].type
