@@ -48,8 +48,11 @@ class CompactionActivities:
 
     async def _settled(self, claim: Claim, request: CompactInput) -> CompactResult | None:
         """What an earlier attempt of this compaction already decided, if anything."""
-        async with self.rt.store.claims.fenced(claim, step_attempt=request.attempt) as tx:
-            message = await load_message(tx, claim.session_id, request.compaction_id)
+        message = await self.rt.store.claims.run_fenced(
+            claim,
+            lambda tx: load_message(tx, claim.session_id, request.compaction_id),
+            step_attempt=request.attempt,
+        )
         if not isinstance(message, CompactionMessage):
             return None
         if message.status == "completed":
@@ -97,8 +100,11 @@ class CompactionActivities:
     ) -> None:
         # A fixed id per compaction: a retried attempt records each step of it once.
         event_id = f"evt_{request.compaction_id}_{tag}"
-        async with self.rt.store.claims.fenced(claim, step_attempt=request.attempt) as tx:
-            await self.rt.store.events.publish(event, id=event_id, tx=tx)
+        await self.rt.store.claims.run_fenced(
+            claim,
+            lambda tx: self.rt.store.events.publish(event, id=event_id, tx=tx),
+            step_attempt=request.attempt,
+        )
 
     async def _not_compacted(self, claim: Claim, request: CompactInput, why: str) -> CompactResult:
         """Nothing worth a summary: the drain goes on. A manual request is still answered."""
@@ -131,8 +137,9 @@ class CompactionActivities:
         """Stream the summary call; its text is published as deltas in short batches."""
         store = self.rt.store
         provider = p.open_provider(self.rt.providers(model))  # before the request counts
-        async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
-            index = await count_request(tx, claim.session_id)
+        index = await store.claims.run_fenced(
+            claim, lambda tx: count_request(tx, claim.session_id), step_attempt=request.attempt
+        )
         provider_request = p.ProviderRequest(
             session_id=claim.session_id,
             request_index=index,

@@ -103,10 +103,13 @@ class Gate:
         store = self.tools.rt.store
         seconds = request.timeout_s
         hold = int(seconds * 1000) + self.claim.lease_ms if seconds else HOLD_MS
-        async with store.claims.fenced(self.claim, run=self.run) as tx:
-            asked = ev.PermissionAsked(session_id=self.claim.session_id, request=request)
+        asked = ev.PermissionAsked(session_id=self.claim.session_id, request=request)
+
+        async def ask(tx: Any) -> None:
             await store.events.publish(asked, id=f"evt_{request.request_id}_asked", tx=tx)
             await store.claims.extend_until(tx, self.claim, int(time.time() * 1000) + hold)
+
+        await store.claims.run_fenced(self.claim, ask, run=self.run)  # again after a conflict
         return ToolOutcome(call_id=self.run.call_id, status="ask", ask=request)
 
     async def replied(self, reply: PermissionReply) -> ToolOutcome | None:
@@ -136,10 +139,13 @@ class Gate:
             rules=rules,
         )
         store = self.tools.rt.store
-        async with store.claims.fenced(self.claim, run=self.run) as tx:
+
+        async def record(tx: Any) -> None:
             await store.events.publish(event, id=f"evt_{asked.request_id}_replied", tx=tx)
             if not await still_waiting(tx, self.claim.session_id, asked.assistant_message_id):
                 await store.claims.lease_again(tx, self.claim)
+
+        await store.claims.run_fenced(self.claim, record, run=self.run)  # again after a conflict
 
     async def _fail(self, error: SessionError) -> ToolOutcome:
         return await self.tools._settle(self.claim, self.run, error=error)

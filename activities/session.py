@@ -1,11 +1,13 @@
 """The drain's activities: claim glue, preparation, input checks, step settlement, lifecycle.
 
-Every write goes through a fenced transaction under the drain's claim; every activity is
-idempotent, because Temporal delivers activities at least once.
+Every write goes through a fenced transaction under the drain's claim (``run_fenced``, run again
+after a serialization failure or a deadlock: catalogue C6); every activity is idempotent,
+because Temporal delivers activities at least once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import activity
@@ -74,18 +76,20 @@ class SessionActivities:
 
     @activity.defn
     async def acquire_claim(self, request: AcquireInput) -> ClaimRef:
+        started = ev.ExecutionStarted(
+            session_id=request.session_id, execution_id=request.execution_id
+        )
+
+        async def start(_claim: Any, tx: Tx) -> None:
+            await self.store.events.publish(
+                started, id=f"evt_{request.execution_id}_started", tx=tx
+            )
+
         async with translated():
-            # The claim and its execution.started commit together.
-            async with self.store.claims.acquiring(
-                request.session_id, request.execution_id, request.owner_id
-            ) as (claim, tx):
-                await self.store.events.publish(
-                    ev.ExecutionStarted(
-                        session_id=request.session_id, execution_id=request.execution_id
-                    ),
-                    id=f"evt_{request.execution_id}_started",
-                    tx=tx,
-                )
+            # The claim and its execution.started commit together (retried whole: C6).
+            claim = await self.store.claims.acquire_with(
+                request.session_id, request.execution_id, request.owner_id, start
+            )
             return to_ref(claim)
 
     @activity.defn
@@ -109,16 +113,20 @@ class SessionActivities:
                 session_id=claim.session_id, execution_id=claim.execution_id, error=error
             )
         terminal_id = f"evt_{claim.execution_id}_{outcome.type}"
+        fenced = to_claim(claim)
+
+        async def finish(tx: Tx) -> None:
+            await self.store.events.publish(event, id=terminal_id, tx=tx)
+            await self.store.claims.clear_recoveries(tx, claim.session_id)
+            if not request.keep_claim:
+                await self.store.claims.release_in(tx, fenced)
+
         async with translated():
-            fenced = to_claim(claim)
             try:
                 # The terminal event and the release commit together: no window in which the
                 # session is finished but still claimed (or released without its terminal).
-                async with self.store.claims.fenced(fenced) as tx:
-                    await self.store.events.publish(event, id=terminal_id, tx=tx)
-                    await self.store.claims.clear_recoveries(tx, claim.session_id)
-                    if not request.keep_claim:
-                        await self.store.claims.release_in(tx, fenced)
+                # Run again whole after a conflict (C6).
+                await self.store.claims.run_fenced(fenced, finish)
             except ClaimLostError:
                 # An earlier attempt committed and lost its answer (catalogue C2): the claim
                 # is released because this very terminal was written with it.
@@ -157,15 +165,8 @@ class SessionActivities:
             }
             force = request.force
             for recovery in await self.store.claims.recoveries(sid):
-                async with self.store.claims.fenced(claim) as tx:
-                    attempts = await self.store.claims.begin_recovery(tx, recovery)
-                    closing = await self._close_dead(tx, recovery)
-                    if attempts > RESUME_BUDGET:
-                        await self.store.events.publish_many(closing, tx=tx)
-                        await self.store.claims.fail_recovery(tx, recovery, BUDGET_MESSAGE)
-                        return PrepareResult(run=False, failure=BUDGET_ERROR, **limits)
-                    closing.append(restart_message(sid))
-                    await self.store.events.publish_many(closing, tx=tx)
+                if not await self.store.claims.run_fenced(claim, self._recoverer(recovery)):
+                    return PrepareResult(run=False, failure=BUDGET_ERROR, **limits)
             messages = await self.store.sessions.messages(sid)  # read once for both checks
             force = force or _restart_unanswered(messages)
             steer, queue = await self.store.inputs.pending_deliveries(sid)
@@ -177,6 +178,23 @@ class SessionActivities:
             return PrepareResult(
                 run=True, promotion=promotion, stale_tools=stale, compaction=compaction, **limits
             )
+
+    def _recoverer(self, recovery: Recovery) -> Callable[[Tx], Awaitable[bool]]:
+        """Close the dead execution's turn: False when its resume budget is spent. Work for
+        ``run_fenced`` (C6): each run decides afresh from what its transaction reads."""
+
+        async def recover(tx: Tx) -> bool:
+            attempts = await self.store.claims.begin_recovery(tx, recovery)
+            closing = await self._close_dead(tx, recovery)
+            if attempts > RESUME_BUDGET:
+                await self.store.events.publish_many(closing, tx=tx)
+                await self.store.claims.fail_recovery(tx, recovery, BUDGET_MESSAGE)
+                return False
+            closing.append(restart_message(recovery.session_id))
+            await self.store.events.publish_many(closing, tx=tx)
+            return True
+
+        return recover
 
     async def _close_dead(
         self, tx: Tx, recovery: Recovery
@@ -205,8 +223,9 @@ class SessionActivities:
             if isinstance(part, ToolPart) and not part.settled
         ]
         if failed:
-            async with self.store.claims.fenced(claim) as tx:
-                await self.store.events.publish_many(failed, tx=tx)
+            await self.store.claims.run_fenced(
+                claim, lambda tx: self.store.events.publish_many(failed, tx=tx)
+            )
         return len(failed)
 
     @activity.defn
@@ -223,11 +242,10 @@ class SessionActivities:
     async def finish_step(self, request: FinishStepInput) -> FinishStepResult:
         """Settle a step after all its tools: at most one terminal step event (ref. §4.5.14)."""
         turn, claim = request.turn, to_claim(request.claim)
-        async with (
-            translated(),
-            self.store.claims.fenced(claim, step_attempt=request.attempt) as tx,
-        ):
-            # Read in the transaction: its events then update this very message.
+
+        async def finish(tx: Tx) -> FinishStepResult:
+            # Read in the transaction: its events then update this very message. Each run
+            # (C6: again after a conflict) reads it afresh and decides from what it read.
             message = await load_message(tx, claim.session_id, turn.assistant_message_id)
             if not isinstance(message, AssistantMessage):
                 if turn.lost is not None and not request.restart:
@@ -236,6 +254,12 @@ class SessionActivities:
             if turn.lost is not None:
                 return await self._close_lost(tx, request, message, turn.lost)
             return await self._settle(tx, request, message)
+
+        async with translated():
+            result: FinishStepResult = await self.store.claims.run_fenced(
+                claim, finish, step_attempt=request.attempt
+            )
+            return result
 
     async def _close_lost(
         self, tx: Tx, request: FinishStepInput, message: AssistantMessage, lost: SessionError

@@ -28,6 +28,7 @@ from sessionflow.models.common import SessionError, TextContent
 from sessionflow.models.drain import ToolInput, ToolOutcome
 from sessionflow.models.messages import AssistantMessage, ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
+from store.db import Tx
 from store.projector import load_message
 from store.sessions import SessionInfo, StoredPart
 from store.tool_runs import ToolAttempt
@@ -96,8 +97,9 @@ class ToolActivities:
 
         async def take() -> int | None:
             # Idempotent: taken again by the same attempt, the call reports the same earlier one.
-            async with self.rt.store.claims.fenced(claim) as tx:
-                return await self.rt.store.tool_runs.take(tx, run)
+            return await self.rt.store.claims.run_fenced(
+                claim, lambda tx: self.rt.store.tool_runs.take(tx, run)
+            )
 
         earlier = await through_outages(take, within_ms=claim.lease_ms)
         return earlier is not None and earlier < run.attempt and not tool.retry_safe
@@ -183,20 +185,26 @@ class ToolActivities:
 
     async def _settle_reading(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> ToolOutcome:
         store = self.rt.store
-        async with store.claims.fenced(claim, run=run) as tx:
+
+        async def settle(tx: Tx) -> ToolOutcome | None:
             # Checked and settled in one fenced transaction: a call settles exactly once, by
-            # its latest attempt (so a retry after a commit cut off finds it settled).
+            # its latest attempt (so a retry after a commit cut off finds it settled). Run
+            # again whole after a conflict (C6), reading the part afresh.
             message = await load_message(tx, claim.session_id, run.assistant_message_id)
             part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
             if part is not None and part.settled:
                 return _outcome(part)
             await store.events.publish(event, tx=tx)
+            return None
+
+        earlier = await store.claims.run_fenced(claim, settle, run=run)
+        if earlier is not None:
+            return earlier
         return _settled_outcome(run, event.error if isinstance(event, ev.ToolFailed) else None)
 
     async def _publish(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> None:
         store = self.rt.store
-        async with store.claims.fenced(claim, run=run) as tx:
-            await store.events.publish(event, tx=tx)
+        await store.claims.run_fenced(claim, lambda tx: store.events.publish(event, tx=tx), run=run)
 
 
 def _settlement(

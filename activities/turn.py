@@ -168,10 +168,15 @@ class TurnActivities:
         """Open the attempt in one fenced transaction: open the provider (a script that does
         not load fails here, and the rollback leaves nothing promoted and no turn used),
         promote what is pending, reconcile the context baseline, record that a model call is
-        in flight, count the request. The step is 1 when a prompt was promoted."""
+        in flight, count the request. The step is 1 when a prompt was promoted.
+
+        Run again from the start after a serialization failure or a deadlock (C6,
+        ``run_fenced``): every run reads the session, opens its provider (opening only loads
+        what it needs, so again is harmless) and computes step, baseline and index afresh."""
         store = self.rt.store
-        step = request.step
-        async with store.claims.fenced(claim, step_attempt=request.attempt) as tx:
+
+        async def begin(tx: Tx) -> _Begun:
+            step = request.step
             session = await store.sessions.get(claim.session_id, tx=tx)
             if session.model is None:
                 raise ValueError(f"Session {session.id} has no model; select one first")
@@ -193,7 +198,10 @@ class TurnActivities:
             # A model call is in flight: a takeover must treat the step's outcome as unknown.
             await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
             index = await count_request(tx, claim.session_id)
-        return _Begun(session, step, index, baseline, agent, model, provider)
+            return _Begun(session, step, index, baseline, agent, model, provider)
+
+        begun: _Begun = await store.claims.run_fenced(claim, begin, step_attempt=request.attempt)
+        return begun
 
     async def _baseline(self, tx: Tx, session: SessionInfo) -> str:
         """The frozen system context; changes to its sources become system messages."""

@@ -8,9 +8,10 @@ Invariants (DESIGN "The claim"):
 - ``renew`` moves ``expires_at`` to db-now + lease (never earlier: a hold stays) only for a
   live match: an expired claim never renews itself; only a new acquisition, with a new epoch,
   revives the session.
-- ``fenced`` opens a write transaction that renews first (which locks the claim row on
-  PostgreSQL; SQLite write transactions are exclusive), so a takeover waits for it or it fails
-  with ``ClaimLostError`` and rolls back everything it wrote.
+- ``run_fenced`` (and ``fenced``) opens a write transaction that renews first (which locks the
+  claim row on PostgreSQL; SQLite write transactions are exclusive), so a takeover waits for it
+  or it fails with ``ClaimLostError`` and rolls back everything it wrote. ``run_fenced`` runs
+  its work again, fence and all, after a serialization failure or a deadlock (C6).
 - Lock order is claim row, then event sequence rows (sorted by aggregate id), then session row,
   in every transaction (an event's projections take the session row after its sequence row),
   so none deadlock.
@@ -112,11 +113,32 @@ class Claims:
         execution. Acquiring again for the same live execution and owner returns its claim.
         """
 
+        async def nothing(_claim: Claim, _tx: Tx) -> None:
+            return None
+
+        return await self.acquire_with(
+            session_id, execution_id, owner_id, nothing, lease_ms=lease_ms
+        )
+
+    async def acquire_with(
+        self,
+        session_id: str,
+        execution_id: str,
+        owner_id: str,
+        work: Callable[[Claim, Tx], Awaitable[object]],
+        *,
+        lease_ms: int | None = None,
+    ) -> Claim:
+        """``acquiring`` with ``work`` (what the new claim starts) inside, the two run again
+        from the start after a serialization failure or a deadlock (catalogue C6), as
+        ``run_fenced``'s work is: ``work`` must touch nothing but its tx."""
+
         async def once() -> Claim:
             async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
                 claim,
-                _tx,
+                tx,
             ):
+                await work(claim, tx)
                 return claim
 
         return await retry_conflicts(once)
@@ -317,6 +339,8 @@ class Claims:
     ) -> AsyncIterator[Tx]:
         """A write transaction that exists only while ``claim`` is live.
 
+        Not retried: a serialization failure or a deadlock inside fails the caller, because a
+        context manager cannot run its body again. Writes use ``run_fenced`` (catalogue C6).
         It renews first; a lost claim, a stale ``step_attempt`` or a tool call ``run`` that a
         later attempt took (``StaleAttemptError``) raises before anything else runs, and any
         later failure rolls back everything written inside.
@@ -342,12 +366,22 @@ class Claims:
         work: Callable[[Tx], Awaitable[T]],
         *,
         step_attempt: int | None = None,
+        run: ToolAttempt | None = None,
     ) -> T:
         """``work`` in a ``fenced`` transaction, run again from the start after a serialization
-        failure or a deadlock (``Database.transact``); ``work`` must touch nothing but its tx."""
+        failure or a deadlock (``Database.transact``; catalogue C6): the fence is checked again
+        by each run, in the transaction of its writes. ``work`` must touch nothing but its tx
+        and compute its result afresh on each run. Any other error is raised at once, run once.
+
+        The product's fenced writes all go through here, not through ``fenced``, whose body a
+        context manager cannot run again.
+        """
 
         async def fenced_work(tx: Tx) -> T:
-            await self._renew_in(tx, claim, step_attempt)
+            if run is None:
+                await self._renew_in(tx, claim, step_attempt)
+            else:
+                await self._renew_for_run(tx, claim, run)
             return await work(tx)
 
         return await self.db.transact(fenced_work, stamp=Stamp(claim.execution_id, claim.epoch))

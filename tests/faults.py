@@ -3,10 +3,12 @@
 Faults are armed by count, never drawn at random, so a test that arms them always meets them:
 ``arm(commit_then_fail=1)`` makes the next store commit land and then raise a lost connection
 to its caller (Temporal's ``ExecuteAndTimeout``); ``arm(before=[...])`` makes the next
-statements fail before they run with the given faults. Every path the store writes through
-is covered: SQLAlchemy connections (all engines, by class-level events), and the hot path's own
-driver connections (``store.fast``: psycopg autocommit connections, sqlite3 connections), which
-are wrapped where that module opens them.
+statements fail before they run with the given faults; ``strike(marker, [...])`` makes the next
+pooled write statements that carry ``marker`` (in their SQL or their parameters: a stored
+event type, a column being set) fail with the given faults, one each, in order. Every path
+the store writes through is covered: SQLAlchemy connections (all engines, by class-level
+events), and the hot path's own driver connections (``store.fast``: psycopg autocommit
+connections, sqlite3 connections), which are wrapped where that module opens them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import psycopg.errors
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
+from temporalio import activity
 
 Fault = Literal["serialization", "deadlock", "connection", "timeout", "busy", "commit_then_fail"]
 
@@ -56,22 +59,42 @@ class Injector:
     # Chaos's lost commit answers strike the hot path (a turn's batches), whose statements
     # always write; a read's commit has nothing to lose.
     _hot_commits: int = 0
-    pooled: bool = True
+    # Chaos's statement faults that struck SQLAlchemy's pooled connections (the fenced path
+    # that ``run_fenced`` retries), not the hot path's own.
+    pooled_struck: int = 0
     # Stored event types whose write's commit lands and then loses its answer, once each
     # (PostgreSQL: SQLite's inline statements run on the driver, unseen by these events).
     commit_on: list[str] = field(default_factory=list)
+    # Statement faults aimed at one write (PostgreSQL's pooled connections): (marker, fault).
+    strikes: list[tuple[str, Fault]] = field(default_factory=list)
+    # Each aimed fault as it struck: (marker, fault, (the Temporal activity's type, id and
+    # attempt; empty outside an activity)).
+    struck: list[tuple[str, Fault, tuple[str, str, int] | tuple[()]]] = field(default_factory=list)
 
     def arm(self, *, commit_then_fail: int = 0, before: list[Fault] | None = None) -> None:
         self.commits_to_fail += commit_then_fail
         self.before += before or []
 
-    def chaos(self, period: int, cycle: tuple[Fault, ...], *, pooled: bool = True) -> None:
+    def strike(self, marker: str, faults: list[Fault]) -> None:
+        """The next pooled write statements carrying ``marker`` meet ``faults``, one each."""
+        self.strikes += [(marker, fault) for fault in faults]
+
+    def _aimed(self, statement: str, parameters: Any, dialect: str) -> Exception | None:
+        for i, (marker, fault) in enumerate(self.strikes):
+            if marker in statement or self._carries(parameters, marker):
+                del self.strikes[i]
+                info = activity.info() if activity.in_activity() else None
+                where = (info.activity_type, info.activity_id, info.attempt) if info else ()
+                self.struck.append((marker, fault, where))
+                self._note(f"{fault}:{marker}")
+                return driver_error(fault, dialect)
+        return None
+
+    def chaos(self, period: int, cycle: tuple[Fault, ...]) -> None:
         """From now on, every ``period``-th statement meets the next fault of ``cycle``
-        (counted, not drawn: a run meets its faults at the same points of the count).
-        ``pooled=False``: PostgreSQL's statement faults only strike the hot path's own
-        connections, not SQLAlchemy's (see C6's row: a conflict there is not retried)."""
+        (counted, not drawn: a run meets its faults at the same points of the count), on
+        SQLAlchemy's connections and the hot path's alike."""
         self.period, self.cycle, self._statements = period, cycle, 0
-        self.pooled = pooled
 
     def _tick(self) -> None:
         if not self.period:
@@ -123,10 +146,14 @@ class Injector:
             return
         if dialect == "sqlite":
             return  # SQLite's transient strikes at BEGIN (``_begin``)
-        if not _writes(statement) or not self.pooled:
+        if not _writes(statement):
             return  # READ COMMITTED never aborts a plain read as a conflict
+        aimed = self._aimed(statement, parameters, dialect)
+        if aimed is not None:
+            raise aimed
         error = self.take_before(dialect, inside=True)
         if error is not None:
+            self.pooled_struck += 1
             raise error
 
     def _begin(self, conn: Any) -> None:
@@ -138,15 +165,21 @@ class Injector:
 
     def _matching(self, parameters: Any) -> str | None:
         """The armed event type these parameters insert, if any."""
-        if not self.commit_on:
-            return None
-        sets = parameters if isinstance(parameters, list | tuple) else [parameters]
-        for one in sets:
-            values = one.values() if isinstance(one, dict) else ()
-            for value in values:
-                if isinstance(value, str) and value in self.commit_on:
-                    return value
+        for marker in self.commit_on:
+            if self._carries(parameters, marker):
+                return marker
         return None
+
+    @staticmethod
+    def _carries(parameters: Any, marker: str) -> bool:
+        sets = parameters if isinstance(parameters, list | tuple) else [parameters]
+        return any(
+            value == marker
+            for one in sets
+            if isinstance(one, dict)
+            for value in one.values()
+            if isinstance(value, str)
+        )
 
     def _commit(self, conn: Any) -> None:
         hit = conn.info.pop("faults.commit_on", None)

@@ -44,9 +44,10 @@ async def test_drains_under_counted_persistence_faults_end_as_unharmed_ones(
     """C6 (and C2, the lost commit answers): sessions with a plain turn and a tool turn,
     drained while every 5th write statement meets a transient fault (40001, 40P01 and a commit
     whose answer is lost on PostgreSQL; the write lock held and a lost commit answer on
-    SQLite). Every busy period succeeds, the tool
-    runs and settles once, the answers are the model's; the checker passes (harness). (A
-    conflict inside a turn's own fenced writes can still restart that turn: see C6's row.)"""
+    SQLite), on the fenced path's pooled connections and the hot path's alike. Every busy
+    period succeeds, the tool runs and settles once, the answers are the model's, no turn is
+    restarted (a conflict inside a fenced write is run again by ``run_fenced``); the checker
+    passes (harness)."""
     backend = h.store.db.dialect
     with injecting(monkeypatch) as faults:
         sids = []
@@ -60,7 +61,7 @@ async def test_drains_under_counted_persistence_faults_end_as_unharmed_ones(
                     [{"text": "done", "chunks": 2}],
                 )
             )
-        faults.chaos(5, cycle(backend, transient_only=False), pooled=False)
+        faults.chaos(5, cycle(backend, transient_only=False))
         for sid in sids:
             await h.client.prompt(sid, "first")
             await h.client.wait_idle(sid, timeout=60)
@@ -68,6 +69,8 @@ async def test_drains_under_counted_persistence_faults_end_as_unharmed_ones(
             await h.client.wait_idle(sid, timeout=60)
         faults.chaos(0, ())
     assert set(faults.seen) == set(cycle(backend, transient_only=False)), faults.seen
+    if backend == "postgresql":  # SQLite's busy strikes at BEGIN, on whichever connection
+        assert faults.pooled_struck > 0, "no fault met the fenced path"
     for sid in sids:
         types = collapsed(await h.types(sid))
         assert types.count("session.execution.succeeded") == 2
@@ -118,3 +121,57 @@ async def test_activities_whose_commit_answer_is_lost_are_retried_and_write_once
     assert types.count("session.step.ended") == 2
     assert types.count("session.execution.succeeded") == 1
     assert "session.synthetic" not in types and "session.step.failed" not in types
+
+
+async def test_conflicts_on_the_fenced_path_are_retried_inside_their_activity(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C6 on the fenced (pooled, non-hot) path, PostgreSQL: a 40001 and then a 40P01 strike the
+    write of each of the drain's fenced transactions -- the claim with its
+    ``execution.started`` (``claim_and_prepare``), the turn's opening (``_begin``: its
+    request count), a step's settlement (``finish_step``: its ``step.ended``) and the
+    terminal with its release (``finish_execution``). The store runs each again inside the
+    same activity attempt (every fault struck on attempt 1), so no turn is restarted, no step
+    fails, the tool runs once and the drain completes; the checker passes (harness)."""
+    store = await postgres_target.open()
+    aimed = {  # what the write carries: the activity it belongs to
+        ev.ExecutionStarted.stored_type(): "claim_and_prepare",
+        "SET request_count": "stream_turn",
+        ev.StepEnded.stored_type(): "finish_step",
+        ev.ExecutionSucceeded.stored_type(): "finish_execution",
+    }
+    transient: list[Fault] = ["serialization", "deadlock"]
+    try:
+        with injecting(monkeypatch) as faults:
+            async with harness(temporal_env.client, store, tmp_path) as h:
+                sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
+                for marker in aimed:
+                    faults.strike(marker, transient)
+                await h.client.prompt(sid, "Go")
+                await h.client.wait_idle(sid, timeout=60)
+                log = await final_log(store, sid)
+                handle = temporal_env.client.get_workflow_handle(f"session-{sid}")
+                await handle.result()
+                status = (await handle.describe()).status
+                history = await handle.fetch_history()
+    finally:
+        await store.close()
+    assert not faults.strikes, f"never met: {faults.strikes}"
+    assert [(m, f) for m, f, _ in faults.struck] == [(m, f) for m in aimed for f in transient]
+    for marker, name in aimed.items():
+        # Both faults met by one activity's first attempt: the store ran the work again, not
+        # Temporal the activity, nor the workflow another activity in its place.
+        ((kind, _id, attempt),) = {where for m, _, where in faults.struck if m == marker}
+        assert (kind, attempt) == (name, 1), (marker, faults.struck)
+    failed = [e for e in history.events if e.HasField("activity_task_failed_event_attributes")]
+    assert not failed, failed
+    assert status == WorkflowExecutionStatus.COMPLETED
+    types = [e.data.type for e in log]
+    assert "session.synthetic" not in types, "a turn was restarted"
+    assert "session.step.failed" not in types
+    assert types.count("session.tool.success") == 1
+    assert types.count("session.step.ended") == 2
+    assert types.count("session.execution.succeeded") == 1
