@@ -109,8 +109,11 @@ class Store:
             view = None  # SQLite's general path runs inline: a view saves it nothing
         projected = any(self.events.has_projector(type(e)) for e in events)
         one_aggregate = {e.aggregate_id for e in events} == {claim.session_id}
-        if view is not None and message is not None and one_aggregate and (
-            self._parts_only(message, events)
+        if (
+            view is not None
+            and message is not None
+            and one_aggregate
+            and self._parts_only(message, events)
         ):
             stored = await self._append_parts(claim, events, ids, step_attempt, message)
         elif projected or len({e.aggregate_id for e in events}) > 1:
