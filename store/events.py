@@ -588,12 +588,15 @@ class EventStore:
         after: int = -1,
         follow: bool = False,
         poll_interval: float | None = None,
+        ride_out: bool = True,
     ) -> AsyncIterator[StoredEvent | Synced]:
         """History after ``after``, the ``log.synced`` marker, then (if following) live events.
 
         The doorbell is armed before the history snapshot is taken, so an event committed during
         the replay is delivered after the marker; the cursor only moves forward, so nothing is
-        delivered twice.
+        delivered twice. ``ride_out``: past its history, a follower waits out the database being
+        unavailable (``_riding_out``); without it, the follow ends with the error (the API's
+        feed: its streams end and their clients reconnect from their last id).
         """
         if not follow:
             async for item in self._history(aggregate_id, after):
@@ -610,10 +613,11 @@ class EventStore:
                 yield item
             while True:
                 await bell.wait(interval)
-                latest = await _riding_out(partial(self.latest_sequence, aggregate_id))
+                retrying = _riding_out if ride_out else _once
+                latest = await retrying(partial(self.latest_sequence, aggregate_id))
                 while cursor < latest:
                     read = partial(self.read_after, aggregate_id, cursor, through=latest)
-                    page = await _riding_out(read)
+                    page = await retrying(read)
                     for event in page.events:
                         yield event
                     cursor = page.cursor if page.cursor > cursor else latest
@@ -627,6 +631,10 @@ class EventStore:
                 yield event
             cursor = page.cursor if page.cursor > cursor else target
         yield Synced(aggregate_id, target if target >= 0 else None)
+
+
+async def _once(read: Callable[[], Awaitable[T]]) -> T:
+    return await read()
 
 
 async def _riding_out(read: Callable[[], Awaitable[T]]) -> T:

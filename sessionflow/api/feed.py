@@ -102,7 +102,10 @@ class Feed:
 
     async def _follow(self, start: int) -> None:
         try:
-            async for item in self.events.log(self.session_id, after=start, follow=True):
+            # A store that fails ends the feed and its streams (``ride_out=False``): their
+            # clients reconnect from their last id, and the API answers 503 meanwhile.
+            following = self.events.log(self.session_id, after=start, follow=True, ride_out=False)
+            async for item in following:
                 if isinstance(item, StoredEvent):
                     self._add(Frame.of(item))
                 elif item.seq is not None and item.seq > self.head:
