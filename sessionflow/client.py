@@ -81,6 +81,9 @@ WORKER_SEEN_S = 90
 ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
 # A worker that just started polls within moments: look this long before saying there is none.
 NO_WORKER_GRACE_S = 2.0
+# How the server's describe of a task queue fails when it answers too late (ANSWER_TIMEOUT).
+_SLOW_ANSWERS = (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED)
+SLOW_ANSWER_TRIES = 4
 
 
 @dataclass(frozen=True)
@@ -512,13 +515,25 @@ class SessionClient:
         return sum(1 for p in response.pollers if p.last_access_time.seconds >= seen_after)
 
     async def _polled(self, queue: str) -> bool:
-        """Whether a worker polls ``queue``, looking again for a moment before saying no."""
+        """Whether a worker polls ``queue``, looking again for a moment before saying no.
+
+        A look the server did not answer in time (a busy server) is not a "no": it is asked
+        again, a few times (``SLOW_ANSWER_TRIES``); any other failure is raised.
+        """
         deadline = time.monotonic() + NO_WORKER_GRACE_S
-        while not await self.workers(queue):
+        slow = 0
+        while True:
+            try:
+                if await self.workers(queue):
+                    return True
+            except RPCError as error:
+                slow += 1
+                if error.status not in _SLOW_ANSWERS or slow >= SLOW_ANSWER_TRIES:
+                    raise
+                continue  # not "no worker": the server was slow to say
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.2)
-        return True
 
     async def _require_worker(self, session_id: str, queue: str) -> None:
         if not await self._polled(queue):

@@ -37,3 +37,34 @@ async def test_create_session_resolves_and_checks_workspace_and_model(
         with pytest.raises(InvalidInputError, match=message):
             await client.create_session(workspace=workspace, model=model)
     assert [s.id for s in await client.list_sessions()] == [sid]
+
+
+async def test_a_task_queue_look_the_server_answers_late_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A describe of the task queue that the server does not answer in time (a busy dev
+    server: ``operation was canceled``) is not "no worker": the client asks again, a few
+    times; any other failure, or one slow answer too many, is raised."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from sessionflow import client as module
+
+    answers: list[int | RPCError] = []
+
+    async def workers(_self: SessionClient, _queue: str | None = None) -> int:
+        answer = answers.pop(0)
+        if isinstance(answer, RPCError):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(SessionClient, "workers", workers)
+    sdk = SessionClient.__new__(SessionClient)
+    late = RPCError("operation was canceled", RPCStatusCode.CANCELLED, b"")
+    answers[:] = [late, late, 1]
+    assert await sdk._polled("q") is True
+    answers[:] = [late] * module.SLOW_ANSWER_TRIES
+    with pytest.raises(RPCError):
+        await sdk._polled("q")
+    answers[:] = [RPCError("denied", RPCStatusCode.PERMISSION_DENIED, b"")]
+    with pytest.raises(RPCError):
+        await sdk._polled("q")
