@@ -59,15 +59,19 @@ VALUES (:id, :aggregate_id, :seq, :created, :type, :data, :execution_id, :epoch)
 """
 
 _PG_NOW = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
-_PG_APPEND = f"""
-WITH renewed AS (
+# The fence and the batch's events, as CTEs: the claim renewed (never shortened), the seqs
+# allocated under the sequence row only if it was, and the events inserted at them.
+_PG_RENEWED = f"""
+renewed AS (
   UPDATE session_execution
   SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
     step_attempt = greatest(step_attempt, %(attempt)s)
   WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
     AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
   RETURNING 1
-), allocated AS (
+)"""
+_PG_EVENTS = """
+allocated AS (
   INSERT INTO event_sequence (aggregate_id, seq)
   SELECT %(agg)s, %(n)s - 1 FROM renewed
   ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
@@ -79,7 +83,9 @@ WITH renewed AS (
        unnest(%(ids)b::text[], %(createds)b::bigint[], %(types)b::text[], %(datas)b::text[])
          WITH ORDINALITY AS e(id, created, type, data, ord)
   RETURNING seq
-)
+)"""
+_PG_APPEND = f"""
+WITH {_PG_RENEWED}, {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS written
 """
 
@@ -89,14 +95,7 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS w
 # statement. Every writer of a session renews its claim row first, so they take the rows
 # after it one at a time.
 _PG_PARTS = f"""
-WITH renewed AS (
-  UPDATE session_execution
-  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
-    step_attempt = greatest(step_attempt, %(attempt)s)
-  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
-    AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
-  RETURNING 1
-), parts AS (
+WITH {_PG_RENEWED}, parts AS (
   INSERT INTO session_part (message_id, position, session_id, call_id, data)
   SELECT %(mid)s, p.position, %(sid)s, p.call_id, p.data
   FROM renewed,
@@ -105,19 +104,7 @@ WITH renewed AS (
   ON CONFLICT (message_id, position)
     DO UPDATE SET call_id = excluded.call_id, data = excluded.data
   RETURNING 1
-), allocated AS (
-  INSERT INTO event_sequence (aggregate_id, seq)
-  SELECT %(agg)s, %(n)s - 1 FROM renewed
-  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
-  RETURNING seq
-), inserted AS (
-  INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
-  SELECT e.id, %(agg)s, a.seq - %(n)s + e.ord, e.created, e.type, e.data, %(eid)s, %(epoch)s
-  FROM allocated a,
-       unnest(%(ids)b::text[], %(createds)b::bigint[], %(types)b::text[], %(datas)b::text[])
-         WITH ORDINALITY AS e(id, created, type, data, ord)
-  RETURNING seq
-)
+), {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS parts
 """
 
