@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import uvloop  # installed with uvicorn[standard], a dependency
 from typer.testing import CliRunner
 
 import sessionflow.api.serve as serve_module
@@ -14,7 +15,6 @@ from sessionflow.cli import app
 
 
 def test_serve_runs_in_uvloops_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    uvloop = pytest.importorskip("uvloop")
     assert event_loop() is uvloop.new_event_loop
     loops: list[Any] = []
 
