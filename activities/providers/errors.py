@@ -24,13 +24,15 @@ import email.utils
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx2
-import openai
 
 from activities.providers.base import ErrorKind, ProviderError
+
+if TYPE_CHECKING:  # the SDKs load with their adapters (seconds of imports a worker may not need)
+    import anthropic
+    import openai
 
 MAX_DETAIL = 500
 # A provider asking for hours would stall a drain for hours: the drain's own backoff is the
@@ -133,6 +135,9 @@ def translate(error: BaseException, label: Label) -> ProviderError | None:
     """The ``ProviderError`` for an exception, or ``None`` when it is not a provider failure."""
     if isinstance(error, ProviderError):
         return error
+    import anthropic
+    import openai
+
     if isinstance(error, openai.APIStatusError | anthropic.APIStatusError):
         return _status_error(error, label)
     if isinstance(error, openai.APIConnectionError | anthropic.APIConnectionError):
