@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import signal
 import socket
 import uuid
@@ -501,3 +502,99 @@ async def _deploy_during_tools(
 async def _running(h: Harness, sid: str, count: int) -> bool:
     status = await h.client.status(sid)
     return status.drain is not None and len(status.drain.running_tools) >= count
+
+
+RESTARTS = 20
+
+
+def _churn_script(h: Harness, n: int) -> str:
+    """A session's model: a paced text turn with three calls (one long enough to be cut off),
+    a second call turn, and final answers (a turn cut off by a restart is asked again, and the
+    scripted model answers each request with its next turn)."""
+    paced = itertools.chain.from_iterable(
+        ({"text": f"s{n} part {k} "}, {"wait_ms": 150}) for k in range(4)
+    )
+    return h.script(
+        [
+            *paced,
+            call(f"a{n}", "echo", text=f"{n}.a"),
+            call(f"b{n}", "sleep", seconds=0.8, text=f"{n}.b"),
+            call(f"c{n}", "echo", text=f"{n}.c"),
+        ],
+        [{"text": f"s{n} again"}, {"wait_ms": 300}, call(f"d{n}", "echo", text=f"{n}.d")],
+        *([{"text": f"s{n} done"}] for _ in range(RESTARTS)),
+        name=f"churn{n}.json",
+    )
+
+
+@pytest.mark.fault
+async def test_workers_restarted_every_half_to_two_seconds_lose_no_call_of_twenty_sessions(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """C12, worker restart churn: worker processes serve the queue while, 20 times, every 0.5
+    to 2 s (a seeded draw) after the last restart was ready, one of them is restarted: killed
+    by SIGKILL (a crash) or SIGTERM with a 0.5 s grace (a deploy), alternately, and replaced by
+    one started meanwhile, while 20 sessions run (one more is prompted after each restart, so
+    every restart meets sessions streaming and running tools). Every session's busy period
+    succeeds, with its final answer stored; no tool call is lost: every call the model made is
+    settled exactly once (checker, I2/I3); one claim stamp per busy period. PostgreSQL, the
+    store several workers share in production."""
+    rng = random.Random(12)
+    store = await postgres_target.open()
+    try:
+        async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+
+            def start() -> WorkerProcess:
+                queue, grace = h.client.task_queue, "0.5"
+                worker = WorkerProcess(
+                    temporal_env, postgres_target, queue, SESSIONFLOW_TEST_GRACE_S=grace
+                )
+                workers.append(worker)
+                return worker
+
+            alive, spare = [start(), start()], start()
+            for worker in alive:
+                await worker.ready()
+            sessions = [
+                await h.client.create_session(workspace=str(h.workspace), model=_churn_script(h, n))
+                for n in range(RESTARTS)
+            ]
+            await h.client.prompt(sessions[0], "Go")
+            for n in range(RESTARTS):
+                await asyncio.sleep(rng.uniform(0.5, 2.0))
+                victim = alive.pop(rng.randrange(len(alive)))
+                victim.signal(signal.SIGKILL if n % 2 == 0 else signal.SIGTERM)
+                await spare.ready()
+                alive.append(spare)
+                spare = start()
+                assert await victim.exited() in (0, -signal.SIGKILL)
+                if n + 1 < RESTARTS:
+                    await h.client.prompt(sessions[n + 1], "Go")
+            for sid in sessions:
+                await h.client.wait_idle(sid, timeout=180)
+            logs = {sid: await final_log(store, sid) for sid in sessions}
+            answers = [await _last_answer(store, sid) for sid in sessions]
+    finally:
+        await store.close()
+    cut_off = 0
+    for n, (sid, log) in enumerate(logs.items()):
+        assert_clean(log)
+        types = [e.data.type for e in log]
+        assert types[-1] == "session.execution.succeeded", (sid, types[-5:])
+        assert types.count("session.execution.started") == 1
+        called = sorted(e.data.call_id for e in log if e.data.type == "session.tool.called")
+        settled = sorted(e.data.call_id for e in log if e.data.type in TOOL_TERMINALS)
+        assert settled == called  # every call the model made settled once: none lost
+        assert set(called) <= {f"{c}{n}" for c in "abcd"}
+        assert len({(e.execution_id, e.epoch) for e in log if e.execution_id}) == 1
+        cut_off += types.count("session.step.failed")
+    assert answers == [f"s{n} done" for n in range(RESTARTS)]
+    assert cut_off > 0  # the restarts did meet running turns
+
+
+async def _last_answer(store: Store, sid: str) -> str:
+    *_, last = [m for m in await store.sessions.messages(sid) if m.type == "assistant"]
+    return "".join(getattr(part, "text", "") for part in last.content)
