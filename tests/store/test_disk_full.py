@@ -21,12 +21,12 @@ CHUNK = 32 * 1024
 
 
 @contextlib.contextmanager
-def tiny_disk(where: Path) -> Iterator[Path]:
-    """A tmpfs of ``DISK`` at ``where``. Mounting needs root (as in CI and ``make test`` here):
+def tiny_disk(where: Path, size: str = DISK) -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``where``. Mounting needs root (as in CI and ``make test`` here):
     without it the test fails, saying how to run it, rather than skipping a catalogue case."""
     where.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(where)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
         capture_output=True,
         check=False,
     )

@@ -22,6 +22,7 @@ from tests.conftest import Target
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.pgcluster import Cluster
 from tests.store.conftest import allow_connections, libpq, refuse_connections
+from tests.store.test_disk_full import fill, tiny_disk
 from tests.workflows.harness import Harness, call, harness
 
 OUTAGE_S = 3  # how long each spell lasts once the drain has run into it
@@ -305,3 +306,46 @@ async def test_a_drain_pauses_through_a_read_only_spell_and_resumes(
     assert [e.seq for e in log] == list(range(log[0].seq, log[0].seq + len(log)))
     [cut] = [e.data for e in log if e.data.type == "session.step.failed"]
     assert "read-only" in cut.error.message, cut.error.message
+
+
+@pytest.mark.fault
+async def test_a_drain_on_a_full_disk_fails_its_turn_loudly_and_finishes_once_freed(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """C11 through a drain: the filesystem under a SQLite store (a 32 MB tmpfs) fills up while
+    the model streams 2 MB of text, and is freed once the drain has run into it (its turn
+    activity failed, "database or disk is full"). The busy period finishes under its one claim:
+    the cut-off turn is closed naming the full disk and run again; nothing of a refused batch
+    is half there (seq gap-free; the checker passes)."""
+    with tiny_disk(tmp_path / "disk", "32m") as disk:
+        store = await Target(f"sqlite+aiosqlite:///{disk / 'sessionflow.db'}").open()
+        try:
+            async with harness(temporal_env.client, store, tmp_path) as h:
+                stream = h.gate_file("stream")
+                sid = await h.session(
+                    [
+                        {"text": "before "},
+                        {"wait_for_file": stream},
+                        {"text": "x" * 2_000_000, "chunks": 200},
+                    ],
+                    [{"text": "continued"}],
+                )
+                await h.client.prompt(sid, "Go")
+                await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
+                filler = fill(disk)
+                try:
+                    h.open_gate("stream")
+                    await h.until(lambda: _turn_failed(h, sid), timeout=30)
+                finally:
+                    filler.unlink()
+                await h.client.wait_idle(sid, timeout=90)
+                log = await final_log(store, sid)
+        finally:
+            await store.close()
+    assert_clean(log)
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded", log[-1].data
+    assert [e.seq for e in log] == list(range(log[0].seq, log[0].seq + len(log)))
+    [cut] = [e.data for e in log if e.data.type == "session.step.failed"]
+    assert "full" in cut.error.message, cut.error.message
