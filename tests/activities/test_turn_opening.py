@@ -10,12 +10,8 @@ The store is real, on both databases.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import sqlalchemy as sa
 
 from activities.runtime import Runtime
 from activities.tools import testing as tools
@@ -24,7 +20,7 @@ from sessionflow.models.common import ModelRef
 from sessionflow.models.drain import TurnInput
 from store import Store
 from store.claims import Claim
-from tests.store.helpers import rows
+from tests.store.helpers import rows, statements
 
 MESSAGE = "msg_turn"
 
@@ -49,23 +45,6 @@ async def _begin(store: Store, claim: Claim, promotion: Any = "steer") -> Any:
     return await turn._begin(claim, _request(claim, promotion))
 
 
-@contextmanager
-def _statements(store: Store) -> Iterator[list[str]]:
-    """Statements sent through the PostgreSQL pool (every one a round trip); none on SQLite,
-    whose inline connection bypasses the engine."""
-    sent: list[str] = []
-    engine = store.db.write_engine.sync_engine
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        sent.append(statement)
-
-    sa.event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", record)
-
-
 async def _claim_row(store: Store, sid: str) -> tuple[str, str | None, int]:
     ((phase, mid, attempt),) = await rows(
         store,
@@ -80,7 +59,7 @@ async def test_an_opening_with_nothing_pending_takes_three_statements(
     store: Store, tmp_path: Path
 ) -> None:
     sid, claim = await _session(store, tmp_path)
-    with _statements(store) as sent:
+    with statements(store) as sent:
         begun = await _begin(store, claim)
     assert (begun.step, begun.index) == (2, 0)
     assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
