@@ -169,8 +169,7 @@ class SessionActivities:
                     return PrepareResult(run=False, failure=BUDGET_ERROR, **limits)
             messages = await self.store.sessions.messages(sid)  # read once for both checks
             force = force or _restart_unanswered(messages)
-            steer, queue = await self.store.inputs.pending_deliveries(sid)
-            compaction = await self.store.inputs.pending_compaction(sid)
+            steer, queue, compaction = await self.store.inputs.waiting(sid)
             if not (force or steer or queue or compaction):
                 return PrepareResult(run=False, **limits)
             stale = await self._fail_stale_tools(claim, messages)
@@ -232,8 +231,7 @@ class SessionActivities:
     async def pending_inputs(self, request: PendingInput) -> PendingResult:
         sid = request.claim.session_id
         async with translated():
-            steer, queue = await self.store.inputs.pending_deliveries(sid)
-            compaction = await self.store.inputs.pending_compaction(sid)
+            steer, queue, compaction = await self.store.inputs.waiting(sid)
         return PendingResult(steer=steer, queue=queue, compaction=compaction)
 
     # --- step settlement ------------------------------------------------------------------------
@@ -349,8 +347,7 @@ class SessionActivities:
         pending = None
         if not needs and not request.interrupted:
             # The workflow's next question, answered here instead of by another activity.
-            steer, queue = await self.store.inputs.pending_deliveries(message.session_id, tx=tx)
-            compaction = await self.store.inputs.pending_compaction(message.session_id, tx=tx)
+            steer, queue, compaction = await self.store.inputs.waiting(message.session_id, tx=tx)
             pending = PendingResult(steer=steer, queue=queue, compaction=compaction)
         return FinishStepResult(
             ended=failure is None, failure=failure, needs_continuation=needs, pending=pending

@@ -47,7 +47,7 @@ from sessionflow.errors import ContextUnavailableError
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
 from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
-from store.claims import Claim
+from store.claims import Claim, Phase
 from store.db import Tx
 from store.facade import TurnView
 from store.prepared import Prepared
@@ -177,7 +177,7 @@ class TurnActivities:
 
         async def begin(tx: Tx) -> _Begun:
             step = request.step
-            session = await store.sessions.get(claim.session_id, tx=tx)
+            session, pending = await store.sessions.opening(tx, claim.session_id)
             if session.model is None:
                 raise ValueError(f"Session {session.id} has no model; select one first")
             # Sampled once per attempt: a selection changing meanwhile applies to the next.
@@ -188,19 +188,24 @@ class TurnActivities:
                 raise _CompactFirst()
             # Context changes come before what is promoted now: they happened before it.
             baseline = await self._baseline(tx, session)
-            if request.promotion is not None:
+            # Only what the opening read says waits (nothing is promoted behind a compaction).
+            if request.promotion is not None and not pending.compaction:
                 promoted = 0
-                if request.promotion == "queue":
+                if request.promotion == "queue" and pending.queue:
                     promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
-                promoted += await store.inputs.promote_steers(tx, claim.session_id)
+                if pending.steer:
+                    promoted += await store.inputs.promote_steers(tx, claim.session_id)
                 if promoted:
                     step = 1
-            # A model call is in flight: a takeover must treat the step's outcome as unknown.
-            await store.claims.record_phase(tx, claim, "unknown", request.assistant_message_id)
             index = await count_request(tx, claim.session_id)
             return _Begun(session, step, index, baseline, agent, model, provider)
 
-        begun: _Begun = await store.claims.run_fenced(claim, begin, step_attempt=request.attempt)
+        # A model call is in flight: a takeover must treat the step's outcome as unknown. The
+        # fence records it, in the transaction of everything above.
+        in_flight: tuple[Phase, str | None] = ("unknown", request.assistant_message_id)
+        begun: _Begun = await store.claims.run_fenced(
+            claim, begin, step_attempt=request.attempt, phase=in_flight
+        )
         return begun
 
     async def _baseline(self, tx: Tx, session: SessionInfo) -> str:

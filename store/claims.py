@@ -367,40 +367,55 @@ class Claims:
         *,
         step_attempt: int | None = None,
         run: ToolAttempt | None = None,
+        phase: tuple[Phase, str | None] | None = None,
     ) -> T:
         """``work`` in a ``fenced`` transaction, run again from the start after a serialization
         failure or a deadlock (``Database.transact``; catalogue C6): the fence is checked again
         by each run, in the transaction of its writes. ``work`` must touch nothing but its tx
         and compute its result afresh on each run. Any other error is raised at once, run once.
 
+        ``phase`` (with a ``step_attempt``): the (phase, assistant message id) the transaction
+        records, set by the fence's own statement rather than by one more (``record_phase``);
+        it commits or rolls back with ``work`` like any of its writes.
+
         The product's fenced writes all go through here, not through ``fenced``, whose body a
         context manager cannot run again.
         """
+        assert phase is None or (run is None and step_attempt is not None)
 
         async def fenced_work(tx: Tx) -> T:
             if run is None:
-                await self._renew_in(tx, claim, step_attempt)
+                await self._renew_in(tx, claim, step_attempt, phase)
             else:
                 await self._renew_for_run(tx, claim, run)
             return await work(tx)
 
         return await self.db.transact(fenced_work, stamp=Stamp(claim.execution_id, claim.epoch))
 
-    async def _renew_in(self, tx: Tx, claim: Claim, step_attempt: int | None) -> Claim:
+    async def _renew_in(
+        self,
+        tx: Tx,
+        claim: Claim,
+        step_attempt: int | None,
+        phase: tuple[Phase, str | None] | None = None,
+    ) -> Claim:
         params = fence_params(claim)
         if step_attempt is None:
             row = await _RENEW.first(tx.conn, tx.dialect, params)
-        else:
+        elif phase is None:
             params["attempt"] = step_attempt
             row = await _RENEW_ATTEMPT.first(tx.conn, tx.dialect, params)
+        else:
+            params.update(attempt=step_attempt, new_phase=phase[0], new_mid=phase[1])
+            row = await _RENEW_ATTEMPT_PHASE.first(tx.conn, tx.dialect, params)
         if row is None:
             raise await self._lost(tx.conn, claim, step_attempt)
-        expires_at, attempt, phase, assistant_message_id = row
+        expires_at, attempt, now_phase, assistant_message_id = row
         return replace(
             claim,
             expires_at=int(expires_at),
             step_attempt=int(attempt),
-            phase=phase,
+            phase=now_phase,
             assistant_message_id=assistant_message_id,
         )
 
@@ -502,11 +517,12 @@ def run_params(run: ToolAttempt) -> dict[str, Any]:
     return {"mid": run.assistant_message_id, "cid": run.call_id, "run_attempt": run.attempt}
 
 
-def _renew(*, attempt: bool = False, run: bool = False) -> Prepared:
+def _renew(*, attempt: bool = False, run: bool = False, phase: bool = False) -> Prepared:
     """Renew a live claim (the fence of every fenced transaction), optionally moving its step
     attempt forward: a newer attempt fences out the older one's late writes. ``run``: only
     while no later attempt of a tool call took it (``store/tool_runs.py``), in the same
-    statement."""
+    statement. ``phase``: also record the phase and assistant message (``new_phase``,
+    ``new_mid``), as ``record_phase`` would."""
 
     def build(dialect: DialectName) -> Any:
         # Never shorter: a hold (``extend_until``, a call waiting for a person) outlives the
@@ -524,6 +540,9 @@ def _renew(*, attempt: bool = False, run: bool = False) -> Prepared:
         if attempt:
             values["step_attempt"] = sa.bindparam("attempt")
             conditions.append(_x.step_attempt <= sa.bindparam("attempt"))
+        if phase:
+            values["phase"] = sa.bindparam("new_phase")
+            values["assistant_message_id"] = sa.bindparam("new_mid")
         if run:
             later = sa.select(_r.attempt).where(
                 _r.session_id == sa.bindparam("sid"),
@@ -544,6 +563,7 @@ def _renew(*, attempt: bool = False, run: bool = False) -> Prepared:
 
 _RENEW = _renew()
 _RENEW_ATTEMPT = _renew(attempt=True)
+_RENEW_ATTEMPT_PHASE = _renew(attempt=True, phase=True)
 _RENEW_RUN = _renew(run=True)
 _RECORD_PHASE = Prepared(
     lambda _dialect: (

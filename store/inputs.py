@@ -180,6 +180,23 @@ class Inputs:
         async with self.db.read() as conn:
             return await _deliveries(conn, session_id)
 
+    async def waiting(
+        self, session_id: str, *, tx: Tx | None = None
+    ) -> tuple[bool, bool, str | None]:
+        """(steer, queue, compaction): ``pending_deliveries`` and ``pending_compaction`` in one
+        statement (on PostgreSQL one round trip, without a transaction), or in ``tx``."""
+        params = {"sid": session_id}
+        if tx is not None:
+            row = await _WAITING.first(tx.conn, tx.dialect, params)
+        else:
+            async with self.db.read(single=True) as conn:
+                row = await _WAITING.first(conn, self.db.dialect, params)
+        assert row is not None
+        steer, queue, compaction = row
+        if compaction is not None:
+            return False, False, str(compaction)  # prompts wait behind the barrier
+        return bool(steer), bool(queue), None
+
     async def pending_compaction(self, session_id: str, *, tx: Tx | None = None) -> str | None:
         """The id of the session's pending compaction (the barrier), if there is one."""
         if tx is not None:
@@ -248,6 +265,36 @@ _DELIVERIES = Prepared(
         sa.select(_i.delivery)
         .where(_i.session_id == sa.bindparam("sid"), _i.type == "prompt", _i.promoted_seq.is_(None))
         .distinct()
+    )
+)
+
+
+def _waiting_prompt(delivery: str) -> Any:
+    return (
+        sa.exists()
+        .where(
+            _i.session_id == sa.bindparam("sid"),
+            _i.type == "prompt",
+            _i.delivery == delivery,
+            _i.promoted_seq.is_(None),
+        )
+        .label(f"{delivery}_pending")
+    )
+
+
+_WAITING = Prepared(
+    lambda _dialect: sa.select(
+        _waiting_prompt("steer"),
+        _waiting_prompt("queue"),
+        sa.select(_i.id)
+        .where(
+            _i.session_id == sa.bindparam("sid"),
+            _i.type == "compaction",
+            _i.promoted_seq.is_(None),
+        )
+        .limit(1)
+        .scalar_subquery()
+        .label("compaction"),
     )
 )
 

@@ -197,15 +197,32 @@ _INSERT_MESSAGE = Prepared(
         .returning(message_table.c.id)
     )
 )
-_LATEST_ASSISTANT = Prepared(
-    lambda _dialect: (
+
+
+def _latest_assistant_query() -> Any:
+    return (
         sa.select(message_table.c.id, message_table.c.data)
         .where(message_table.c.session_id == sa.bindparam("sid"))
         .where(message_table.c.type == "assistant")
         .order_by(message_table.c.seq.desc())
         .limit(1)
     )
-)
+
+
+def _step_opening_query() -> Any:
+    latest = _latest_assistant_query().subquery()
+    return sa.union_all(
+        sa.select(sa.literal_column("0").label("which"), message_table.c.id, message_table.c.data)
+        .where(message_table.c.session_id == sa.bindparam("sid"))
+        .where(message_table.c.id == sa.bindparam("mid")),
+        sa.select(sa.literal_column("1").label("which"), latest.c.id, latest.c.data),
+    )
+
+
+_LATEST_ASSISTANT = Prepared(lambda _dialect: _latest_assistant_query())
+# A step's opening, in one statement: the step's own message if it exists (0: a retry), and the
+# session's latest assistant message (1), which a new step may supersede.
+_STEP_OPENING = Prepared(lambda _dialect: _step_opening_query())
 _WRITE_BACK = Prepared(
     lambda _dialect: (
         message_table.update()
@@ -340,6 +357,13 @@ async def _latest_assistant(
     """
     await _write_back(tx)  # the query must see this transaction's changes
     row = await _LATEST_ASSISTANT.first(tx.conn, tx.dialect, {"sid": session_id})
+    return await _changing(tx, session_id, row, changes)
+
+
+async def _changing(
+    tx: Tx, session_id: str, row: Any | None, changes: Callable[[AssistantMessage], bool]
+) -> AssistantMessage | None:
+    """``_latest_assistant`` from the (id, data) ``row`` already read (after a write-back)."""
     if row is None:
         return None
     message_id, data = row
@@ -565,13 +589,15 @@ async def _compaction_progress(tx: Tx, stored: StoredEvent, event: Any) -> None:
 
 @handles(ev.StepStarted)
 async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> None:
-    message = await load_message(tx, event.session_id, event.assistant_message_id)
+    message, previous = await _step_opening(tx, event)
     if isinstance(message, AssistantMessage):
         message.retry = message.error = message.finish = message.time_completed = None
         message.agent, message.model = event.agent, event.model
         await _save_message(tx, stored, message)
         return
-    await _complete_stale_assistants(tx, stored)
+    if previous is not None:  # a newer step supersedes an older message that never completed
+        previous.time_completed = stored.created
+        await _save_message(tx, stored, previous)
     message = AssistantMessage(
         id=event.assistant_message_id,
         session_id=event.session_id,
@@ -583,12 +609,24 @@ async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> N
     await _insert_message(tx, stored, message)
 
 
-async def _complete_stale_assistants(tx: Tx, stored: StoredEvent) -> None:
-    """A newer step supersedes an older assistant message that never completed."""
-    previous = await _latest_assistant(tx, stored.aggregate_id, _incomplete)
-    if previous is not None:
-        previous.time_completed = stored.created
-        await _save_message(tx, stored, previous)
+async def _step_opening(
+    tx: Tx, event: ev.StepStarted
+) -> tuple[Any | None, AssistantMessage | None]:
+    """The step's own message (which a retry re-announces), and for a new step the incomplete
+    assistant message it supersedes: one read when the transaction has not loaded the former."""
+    sid, mid = event.session_id, event.assistant_message_id
+    if mid in _messages(tx):
+        message = await load_message(tx, sid, mid)
+        if isinstance(message, AssistantMessage):
+            return message, None
+        return message, await _latest_assistant(tx, sid, _incomplete)
+    await _write_back(tx)  # the read must see this transaction's changes
+    rows = await _STEP_OPENING.rows(tx.conn, tx.dialect, {"sid": sid, "mid": mid})
+    found = {int(which): (id, data) for which, id, data in rows}
+    message = await load_message(tx, sid, mid) if 0 in found else None
+    if isinstance(message, AssistantMessage):
+        return message, None
+    return message, await _changing(tx, sid, found.get(1), _incomplete)
 
 
 def _incomplete(message: AssistantMessage) -> bool:

@@ -20,7 +20,7 @@ from store.db import Database, Tx
 from store.events import EventStore
 from store.prepared import Prepared
 from store.projector import PART_ADAPTER
-from store.schema import message_table, part_table, session_table
+from store.schema import input_table, message_table, part_table, session_table
 
 DEFAULT_LIST_LIMIT = 100
 _s = session_table.c
@@ -41,6 +41,15 @@ class SessionInfo:
     time_created: int
     time_updated: int
     requests: int = 0  # provider requests made so far (retries and summaries count)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What waits to be promoted, as a turn's opening reads it with the session."""
+
+    compaction: bool  # a pending compaction: the barrier in front of every prompt
+    steer: bool
+    queue: bool
 
 
 class Sessions:
@@ -90,6 +99,18 @@ class Sessions:
         if row is None:
             raise SessionNotFoundError(session_id)
         return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))
+
+    async def opening(self, tx: Tx, session_id: str) -> tuple[SessionInfo, Pending]:
+        """The session and what waits to be promoted, in one statement inside ``tx``: a turn's
+        opening, which promotes only what this says is there (no read per delivery)."""
+        validate_id(session_id)
+        row = await _OPENING.first(tx.conn, tx.dialect, {"sid": session_id})
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        columns, flags = row[: len(_SESSION_COLUMNS)], row[len(_SESSION_COLUMNS) :]
+        info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
+        compaction, steer, queue = (bool(flag) for flag in flags)
+        return info, Pending(compaction=compaction, steer=steer, queue=queue)
 
     async def list(
         self,
@@ -165,6 +186,23 @@ class Sessions:
 
 _SESSION_COLUMNS = tuple(c.name for c in session_table.columns)
 _SESSION = Prepared(lambda _dialect: sa.select(session_table).where(_s.id == sa.bindparam("sid")))
+_i = input_table.c
+
+
+def _waiting(*conditions: Any) -> Any:
+    return sa.exists().where(
+        _i.session_id == sa.bindparam("sid"), _i.promoted_seq.is_(None), *conditions
+    )
+
+
+_OPENING = Prepared(
+    lambda _dialect: sa.select(
+        session_table,
+        _waiting(_i.type == "compaction").label("compaction_pending"),
+        _waiting(_i.type == "prompt", _i.delivery == "steer").label("steer_pending"),
+        _waiting(_i.type == "prompt", _i.delivery == "queue").label("queue_pending"),
+    ).where(_s.id == sa.bindparam("sid"))
+)
 _m, _p = message_table.c, part_table.c
 # Every message in seq order, each followed by its parts in order, in one statement.
 _MESSAGES = Prepared(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
 import sqlalchemy as sa
@@ -84,3 +86,20 @@ async def appends_with_rollbacks(stores: list[Store], attempts: int) -> int:
     )
     assert [s[0] for s in seqs] == list(range(committed))
     return committed
+
+
+@contextmanager
+def statements(store: Store) -> Iterator[list[str]]:
+    """The statements sent through the store's PostgreSQL pool meanwhile (each a round trip).
+    On SQLite it stays empty: the inline connection runs driver SQL beside the engine."""
+    sent: list[str] = []
+    engine = store.db.write_engine.sync_engine
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)

@@ -24,7 +24,7 @@ from store import Store
 from store.db import Tx
 from store.events import StoredEvent
 from store.inputs import ADMIT_ATTEMPTS
-from tests.store.helpers import count
+from tests.store.helpers import count, statements
 
 PROMOTED = "session.prompt.promoted.1"
 ADMITTED = "session.prompt.admitted.1"
@@ -339,6 +339,26 @@ async def test_compaction_under_a_prompt_id_is_a_lifecycle_conflict(store: Store
     with pytest.raises(LifecycleConflictError):
         await store.inputs.admit_compaction(sid, input_id="msg_prompt")
     assert await count(store, "session_input", "type = 'compaction'") == 0
+
+
+async def test_waiting_answers_what_could_be_promoted_in_one_statement(store: Store) -> None:
+    """``waiting``: (steer, queue, compaction) as ``pending_deliveries`` and
+    ``pending_compaction`` answer them, in one statement (on PostgreSQL one round trip, where
+    the two took seven with their transactions), inside a transaction too."""
+    sid = await new_session(store)
+    with statements(store) as sent:
+        assert await store.inputs.waiting(sid) == (False, False, None)
+    if store.db.dialect == "postgresql":
+        assert len(sent) == 1, sent
+    await store.inputs.admit(sid, "queued", delivery="queue")
+    assert await store.inputs.waiting(sid) == (False, True, None)
+    await store.inputs.admit(sid, "steer")
+    assert await store.inputs.waiting(sid) == (True, True, None)
+    compaction = await store.inputs.admit_compaction(sid)
+    async with store.db.write() as tx:
+        assert await store.inputs.waiting(sid, tx=tx) == (False, False, compaction)
+    assert await store.inputs.pending_deliveries(sid) == (False, False)
+    assert await store.inputs.pending_compaction(sid) == compaction
 
 
 async def test_pending_compaction_is_a_barrier_for_prompts(store: Store) -> None:

@@ -27,7 +27,7 @@ from sessionflow.models.messages import (
 )
 from store import Store
 from store.events import StoredEvent
-from tests.store.helpers import count
+from tests.store.helpers import count, statements
 
 MODEL = ModelRef(provider_id="scripted", id="demo.json")
 OTHER_MODEL = ModelRef(provider_id="other", id="big", variant="high")
@@ -103,6 +103,37 @@ async def test_new_step_completes_the_previous_incomplete_assistant(store: Store
     assert (await assistant(store, sid, first)).time_completed == 2_000
     assert (await assistant(store, sid, second)).time_completed is None
     assert [m.id for m in await store.sessions.messages(sid)] == [first, second]
+
+
+async def test_a_new_step_reads_the_messages_once(store: Store) -> None:
+    """Issue 14 item 3: whether the step's message exists and which assistant message came
+    last are one read (``_STEP_OPENING``): on PostgreSQL the start of a step after a finished
+    one is its sequence, that read, the message insert and the event insert."""
+    sid = await new_session(store)
+    first = await start_step(store, sid, created=1_000)
+    ended = ev.StepEnded(session_id=sid, assistant_message_id=first, finish="stop")
+    await publish(store, ended, created=1_500)
+    with statements(store) as sent:
+        second = await start_step(store, sid, created=2_000)
+    if store.db.dialect == "postgresql":
+        assert len(sent) == 4, sent
+    assert (await assistant(store, sid, first)).time_completed == 1_500
+    assert (await assistant(store, sid, second)).time_completed is None
+
+
+async def test_steps_started_in_one_transaction_see_each_other(store: Store) -> None:
+    """The second start's read comes after the first's writes (a write-back first): the first
+    message, started in the same transaction, is the one the second supersedes."""
+    sid = await new_session(store)
+    first, second = message_id(), message_id()
+    await store.events.publish_many(
+        [
+            ev.StepStarted(session_id=sid, assistant_message_id=mid, agent="build", model=MODEL)
+            for mid in (first, second)
+        ]
+    )
+    assert (await assistant(store, sid, first)).time_completed is not None
+    assert (await assistant(store, sid, second)).time_completed is None
 
 
 async def test_new_step_keeps_the_completion_time_of_a_finished_assistant(store: Store) -> None:

@@ -1,0 +1,94 @@
+"""A turn's opening (``TurnActivities._begin``): one fenced transaction, few statements.
+
+Issue 14 item 3: on PostgreSQL every statement is a round trip. The opening renews the claim and
+records the in-flight phase in one statement, reads the session with what waits to be promoted
+in one more, and counts the request: three statements when nothing waits (it took six). What it
+promotes is unchanged: a steer and a queued prompt are promoted, nothing behind a compaction.
+The store is real, on both databases.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from activities.runtime import Runtime
+from activities.tools import testing as tools
+from activities.turn import TurnActivities
+from sessionflow.models.common import ModelRef
+from sessionflow.models.drain import TurnInput
+from store import Store
+from store.claims import Claim
+from tests.store.helpers import rows, statements
+
+MESSAGE = "msg_turn"
+
+
+async def _session(store: Store, root: Path) -> tuple[str, Claim]:
+    script = root / "model.json"
+    script.write_text(json.dumps({"turns": [{"events": [{"text": "hi"}]}]}))
+    session = await store.sessions.create(str(root), model=ModelRef.parse(f"scripted/{script}"))
+    return session.id, await store.claims.acquire(session.id, "exec_a", "owner")
+
+
+def _request(claim: Claim, promotion: Any = "steer") -> TurnInput:
+    from activities.runtime import to_ref
+
+    return TurnInput(
+        claim=to_ref(claim), assistant_message_id=MESSAGE, step=2, attempt=1, promotion=promotion
+    )
+
+
+async def _begin(store: Store, claim: Claim, promotion: Any = "steer") -> Any:
+    turn = TurnActivities(Runtime(store, tools.testing_registry()))
+    return await turn._begin(claim, _request(claim, promotion))
+
+
+async def _claim_row(store: Store, sid: str) -> tuple[str, str | None, int]:
+    ((phase, mid, attempt),) = await rows(
+        store,
+        "SELECT phase, assistant_message_id, step_attempt FROM session_execution "
+        "WHERE session_id = :sid",
+        sid=sid,
+    )
+    return str(phase), mid, int(attempt)
+
+
+async def test_an_opening_with_nothing_pending_takes_three_statements(
+    store: Store, tmp_path: Path
+) -> None:
+    sid, claim = await _session(store, tmp_path)
+    with statements(store) as sent:
+        begun = await _begin(store, claim)
+    assert (begun.step, begun.index) == (2, 0)
+    assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
+    if store.db.dialect == "postgresql":
+        # renew + phase; the session with what waits; the request count
+        assert len(sent) == 3, sent
+    assert (await _begin(store, claim)).index == 1
+
+
+async def test_an_opening_promotes_the_queued_prompt_then_the_steers(
+    store: Store, tmp_path: Path
+) -> None:
+    sid, claim = await _session(store, tmp_path)
+    queued = await store.inputs.admit(sid, "first queued", delivery="queue")
+    await store.inputs.admit(sid, "second queued", delivery="queue")
+    steer = await store.inputs.admit(sid, "steer", delivery="steer")
+    begun = await _begin(store, claim, "queue")
+    assert begun.step == 1
+    pending = {r.id for r in await store.inputs.pending(sid)}
+    assert queued.id not in pending and steer.id not in pending and len(pending) == 1
+    assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
+
+
+async def test_an_opening_promotes_nothing_behind_a_compaction(
+    store: Store, tmp_path: Path
+) -> None:
+    sid, claim = await _session(store, tmp_path)
+    await store.inputs.admit_compaction(sid)
+    await store.inputs.admit(sid, "steer", delivery="steer")
+    begun = await _begin(store, claim, "queue")
+    assert begun.step == 2
+    assert len(await store.inputs.pending(sid)) == 2
