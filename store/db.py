@@ -471,8 +471,12 @@ class Database:
     async def _upgrade_locked(self) -> None:
         async with self.serialized(), self.write_engine.connect() as conn, conn.begin():
             if self.dialect == "postgresql":
-                timeout = f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}"
-                await conn.exec_driver_sql(timeout)
+                # Alembic's own work between statements, on a busy machine, may idle past the
+                # lease-derived bound too: it holds no claim row, so its bounds are its own.
+                for bound in ("statement_timeout", "idle_in_transaction_session_timeout"):
+                    await conn.exec_driver_sql(
+                        f"SET LOCAL {bound} = {MIGRATION_STATEMENT_TIMEOUT_MS}"
+                    )
                 await conn.execute(
                     sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
                 )
