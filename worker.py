@@ -145,6 +145,7 @@ def build_worker(
     sandboxed: bool = False,
     max_concurrent_activities: int = 1000,
     turn_timeout_s: int = 3600,
+    retry_backoff_ms: int = 2000,
     batch_ms: int = 30,
     agents: Agents | None = None,
 ) -> Worker:
@@ -169,6 +170,7 @@ def build_worker(
         tools=tools or default_registry(),
         providers=providers,
         turn_timeout_s=turn_timeout_s,
+        retry_backoff_ms=retry_backoff_ms,
         batch_ms=batch_ms,
         agents=agents or Agents(),
     )
@@ -257,6 +259,7 @@ async def main() -> None:
         sandboxed=settings.workflow_sandbox,
         max_concurrent_activities=settings.max_concurrent_activities,
         turn_timeout_s=settings.turn_timeout_s,
+        retry_backoff_ms=settings.retry_backoff_ms,
         batch_ms=settings.batch_ms,
         agents=load_agents(settings.agents_file),
     )

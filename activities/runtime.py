@@ -65,6 +65,7 @@ class Runtime:
     tools: ToolRegistry
     providers: ProviderFactory = default_providers
     turn_timeout_s: int = 3600  # Settings.turn_timeout_s
+    retry_backoff_ms: int = 2000  # Settings.retry_backoff_ms
     batch_ms: int = 30  # Settings.batch_ms
     agents: Agents = field(default_factory=Agents)
 

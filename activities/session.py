@@ -8,7 +8,7 @@ because Temporal delivers activities at least once.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from temporalio import activity
 
@@ -62,6 +62,11 @@ INTERRUPTED_STEP = SessionError(type="aborted", message="Step interrupted")
 RESULT_MISSING = SessionError(
     type="tool.result-missing", message="Provider did not return a tool result"
 )
+
+
+class WorkerLimits(TypedDict):
+    turn_timeout_s: int
+    retry_backoff_ms: int
 
 
 class SessionActivities:
@@ -155,13 +160,11 @@ class SessionActivities:
                 agent = self.rt.agents.get(session.agent)
             except UnknownAgentError as error:
                 failure = SessionError(type="unknown", message=str(error))
-                return PrepareResult(
-                    run=False, failure=failure, turn_timeout_s=self.rt.turn_timeout_s
-                )
+                return PrepareResult(run=False, failure=failure, **self._worker_limits())
             limits = {
                 "max_steps": session.settings.get("max_steps") or agent.max_steps,
                 "max_active_tools": session.settings.get("max_active_tools", 8),
-                "turn_timeout_s": self.rt.turn_timeout_s,
+                **self._worker_limits(),
             }
             force = request.force
             for recovery in await self.store.claims.recoveries(sid):
@@ -177,6 +180,12 @@ class SessionActivities:
             return PrepareResult(
                 run=True, promotion=promotion, stale_tools=stale, compaction=compaction, **limits
             )
+
+    def _worker_limits(self) -> WorkerLimits:
+        """The worker's settings the workflow applies (it holds no settings of its own)."""
+        return WorkerLimits(
+            turn_timeout_s=self.rt.turn_timeout_s, retry_backoff_ms=self.rt.retry_backoff_ms
+        )
 
     def _recoverer(self, recovery: Recovery) -> Callable[[Tx], Awaitable[bool]]:
         """Close the dead execution's turn: False when its resume budget is spent. Work for

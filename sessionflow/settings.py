@@ -52,6 +52,7 @@ class Settings(BaseModel):
     workflow_sandbox: bool = False
     max_concurrent_activities: int = Field(default=1000, ge=1)
     turn_timeout_s: int = Field(default=3600, ge=1)
+    retry_backoff_ms: int = Field(default=2000, ge=1)
     batch_ms: int = Field(default=30, ge=1, le=1000)
     sandbox: bool = True
     agents_file: str | None = None
@@ -71,6 +72,7 @@ class Settings(BaseModel):
             ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
             ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
             ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
+            ("retry_backoff_ms", "SESSIONFLOW_RETRY_BACKOFF_MS"),
             ("batch_ms", "SESSIONFLOW_BATCH_MS"),
             ("sandbox", "SESSIONFLOW_SANDBOX"),
             ("agents_file", "SESSIONFLOW_AGENTS"),

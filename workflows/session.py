@@ -231,6 +231,7 @@ class SessionWorkflow:
         self.attempts = 0
         self.restarts = 0  # lost turns since the last turn that completed (resume budget)
         self.turn_timeout_s = 3600
+        self.retry_backoff_ms = 2000
         self.semaphore = asyncio.Semaphore(8)
         self.current_assistant: str | None = None
         self.tool_tasks: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
@@ -384,6 +385,7 @@ class SessionWorkflow:
             # An interrupt may already have landed in this run's first activation: keep it.
             self.attempts, self.restarts, force = resume.attempts, resume.restarts, False
             self.turn_timeout_s = resume.turn_timeout_s
+            self.retry_backoff_ms = resume.retry_backoff_ms
         period = self.period
         self.busy = True
         self.prepared = None
@@ -462,6 +464,7 @@ class SessionWorkflow:
         else:
             self.semaphore = asyncio.Semaphore(max(1, resume.max_active_tools))
             self.turn_timeout_s = resume.turn_timeout_s
+            self.retry_backoff_ms = resume.retry_backoff_ms
             limits = (resume.max_steps, resume.max_active_tools)
             await self._turns(claim, limits, resume.promotion, resume.step)
         while self.pending_wake and not self.stopping:
@@ -481,6 +484,7 @@ class SessionWorkflow:
         if not prep.run:
             return
         self.turn_timeout_s = prep.turn_timeout_s
+        self.retry_backoff_ms = prep.retry_backoff_ms
         self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
         promotion = prep.promotion
         if prep.compaction is not None:
@@ -538,6 +542,7 @@ class SessionWorkflow:
             attempts=self.attempts,
             restarts=self.restarts,
             turn_timeout_s=self.turn_timeout_s,
+            retry_backoff_ms=self.retry_backoff_ms,
         )
         workflow.continue_as_new(self._carry(resume))
 
@@ -746,7 +751,7 @@ class SessionWorkflow:
 
     async def _schedule_retry(self, claim: ClaimRef, turn: TurnResult, retry: int) -> None:
         self.attempts += 1
-        delay_ms = max(2000 * 2**retry, turn.retry_after_ms or 0)
+        delay_ms = max(self.retry_backoff_ms * 2**retry, turn.retry_after_ms or 0)
         at_ms = int(workflow.now().timestamp() * 1000) + delay_ms
         request = FinishStepInput(
             claim=claim,

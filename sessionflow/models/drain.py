@@ -49,6 +49,7 @@ class DrainResume(Model):
     attempts: int = 0
     restarts: int = 0
     turn_timeout_s: int = 3600
+    retry_backoff_ms: int = 2000
 
 
 class DrainInput(Model):
@@ -140,6 +141,8 @@ class PrepareResult(Model):
     # The bound on one model turn (``SESSIONFLOW_TURN_TIMEOUT_S``): the worker's setting, handed
     # to the workflow, which holds no settings of its own.
     turn_timeout_s: int = 3600
+    # The first provider retry's delay (``SESSIONFLOW_RETRY_BACKOFF_MS``), doubling per retry.
+    retry_backoff_ms: int = 2000
 
 
 class ClaimAndPrepareResult(Model):

@@ -86,10 +86,21 @@ def test_model_refs_parse_and_explain_bad_input() -> None:
         ModelRef.parse("gpt-5")
 
 
-def test_the_batch_interval_and_the_turn_bound_are_settings() -> None:
+def test_the_batch_interval_the_turn_bound_and_the_retry_backoff_are_settings() -> None:
     defaults = Settings.from_env({})
-    assert (defaults.batch_ms, defaults.turn_timeout_s) == (30, 3600)
-    env = {"SESSIONFLOW_BATCH_MS": "5", "SESSIONFLOW_TURN_TIMEOUT_S": "7200"}
-    assert (Settings.from_env(env).batch_ms, Settings.from_env(env).turn_timeout_s) == (5, 7200)
+    assert (defaults.batch_ms, defaults.turn_timeout_s, defaults.retry_backoff_ms) == (
+        30,
+        3600,
+        2000,
+    )
+    env = {
+        "SESSIONFLOW_BATCH_MS": "5",
+        "SESSIONFLOW_TURN_TIMEOUT_S": "7200",
+        "SESSIONFLOW_RETRY_BACKOFF_MS": "250",
+    }
+    read = Settings.from_env(env)
+    assert (read.batch_ms, read.turn_timeout_s, read.retry_backoff_ms) == (5, 7200, 250)
+    with pytest.raises(ValidationError, match="retry_backoff_ms"):
+        Settings.from_env({"SESSIONFLOW_RETRY_BACKOFF_MS": "0"})
     with pytest.raises(ValidationError, match="batch_ms"):
         Settings.from_env({"SESSIONFLOW_BATCH_MS": "0"})

@@ -414,14 +414,19 @@ async def test_the_longest_valid_session_id_runs_under_a_workflow_id_temporal_ac
         )
 
 
-@pytest.mark.fault  # the drain's own backoff, 2 + 4 + 8 + 16 s of durable timers, is waited out
 async def test_a_provider_that_keeps_failing_is_retried_up_to_the_cap_then_fails_the_step_once(
-    h: Harness,
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> None:
     """P8: the attempt cap reached. A scripted provider fails every request with a retryable
     transport error: the drain asks it 1 + ``MAX_RETRIES`` times, each retry scheduled once
     (attempts 2 to 5, the error named) and each after the one before with the backoff doubling,
-    then the step fails once with that error, the busy period fails, and no request follows."""
+    then the step fails once with that error, the busy period fails, and no request follows.
+    The worker's backoff setting (``SESSIONFLOW_RETRY_BACKOFF_MS``) is 0.1 s here, not 2 s."""
+    async with harness(temporal_env.client, store, tmp_path, retry_backoff_ms=100) as h:
+        await _keep_failing(h, backoff_ms=100)
+
+
+async def _keep_failing(h: Harness, *, backoff_ms: int) -> None:
     unavailable = {"error": {"kind": "transport", "message": "Provider unavailable"}}
     attempts = 1 + session_workflow.MAX_RETRIES
     sid = await h.session(*([unavailable] for _ in range(attempts)), [{"text": "never"}])
@@ -436,7 +441,7 @@ async def test_a_provider_that_keeps_failing_is_retried_up_to_the_cap_then_fails
     assert {r["error"]["type"] for r in retries} == {"provider.transport"}
     # Each retry is scheduled once the timer before it fired (the workflow's clock).
     gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(retries)]
-    assert all(gap >= 2000 * 2 ** (i + 1) for i, gap in enumerate(gaps)), gaps
+    assert all(gap >= backoff_ms * 2 ** (i + 1) for i, gap in enumerate(gaps)), gaps
     types = [e.type for e in events]
     assert types.count("session.step.started") == attempts
     assert types.count("session.step.failed") == 1
