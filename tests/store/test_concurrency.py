@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -16,6 +15,7 @@ from tests.conftest import StoreFactory, Target
 from tests.pgcluster import Cluster
 from tests.store.helpers import Probe, appends_with_rollbacks, rows
 from tests.store.procs import appender, claim_racer, spawn
+from tests.store.procs import context as procs_context
 
 APPENDERS = 4
 APPENDS = 10_000  # attempted, across the appenders; about 30 % of them aborted
@@ -34,7 +34,7 @@ async def test_claim_race_has_exactly_one_winner_per_round(
     gets the typed ``ClaimHeldError`` naming the winner and its write is refused; each session
     holds one claim, the winner's, and one event stamped with it; no recovery rows."""
     sessions = [(await store.sessions.create("/race")).id for _ in range(rounds)]
-    context = multiprocessing.get_context("spawn")
+    context = procs_context()
     barrier, results = context.Barrier(workers), context.Queue()
     processes = [
         spawn(claim_racer, target, worker, sessions, barrier, results) for worker in range(workers)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from sessionflow.models import events as ev
 from store.events import StoredEvent
 from tests.conftest import Target
+from tests.store.procs import context as procs_context
 from tests.store.procs import spawn, sqlite_reader, sqlite_worker
 
 ROUNDS = 30
@@ -29,7 +29,7 @@ async def test_two_worker_processes_and_a_reader_share_one_sqlite_file(tmp_path:
     store = await target.open()
     try:
         sids = [(await store.sessions.create("/work")).id for _ in range(2)]
-        ctx = multiprocessing.get_context("spawn")
+        ctx = procs_context()
         start, stop = ctx.Barrier(3), ctx.Event()
         reader = spawn(sqlite_reader, target, sids, start, stop)
         workers = [
