@@ -17,6 +17,7 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError
 from sessionflow.models.messages import AssistantMessage, ToolPart
 from store import Store
+from store.db import Tx
 
 RESTART_TEXT = (
     "The server restarted while you were working. "
@@ -91,12 +92,13 @@ class _Open:
         return events
 
 
-async def open_fragments(store: Store, message: AssistantMessage) -> list[ev.Event]:
-    """The ``*.ended`` events that close what the message's last attempt left open."""
+async def open_fragments(store: Store, message: AssistantMessage, tx: Tx) -> list[ev.Event]:
+    """The ``*.ended`` events that close what the message's last attempt left open, read in
+    the fenced transaction that will write them."""
     found = _Open()
     after = message.seq - 1
     while True:
-        page = await store.events.read_after(message.session_id, after)
+        page = await store.events.read_after(message.session_id, after, tx=tx)
         for stored in page.events:
             if getattr(stored.data, "assistant_message_id", None) == message.id:
                 found.apply(stored.data)
@@ -106,10 +108,10 @@ async def open_fragments(store: Store, message: AssistantMessage) -> list[ev.Eve
 
 
 async def closing_events(
-    store: Store, message: AssistantMessage, error: SessionError
+    store: Store, message: AssistantMessage, error: SessionError, tx: Tx
 ) -> list[ev.Event]:
     """Everything that ends a lost step, in the order the publisher would have written it."""
-    events = await open_fragments(store, message)
+    events = await open_fragments(store, message, tx)
     events += [
         stale(message, p) for p in message.content if isinstance(p, ToolPart) and not p.settled
     ]

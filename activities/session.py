@@ -214,7 +214,7 @@ class SessionActivities:
         message_id = recovery.continuation_message_id
         message = await load_message(tx, recovery.session_id, message_id) if message_id else None
         if isinstance(message, AssistantMessage) and message.time_completed is None:
-            events += await closing_events(self.store, message, LOST_STEP)
+            events += await closing_events(self.store, message, LOST_STEP, tx)
         terminal = ev.ExecutionInterrupted(
             session_id=recovery.session_id, execution_id=recovery.execution_id, reason="superseded"
         )
@@ -276,7 +276,7 @@ class SessionActivities:
         spent = FinishStepResult(ended=False, failure=BUDGET_ERROR)
         if message.time_completed is not None and message.finish is not None:
             return restarted if request.restart else spent  # an earlier attempt closed it
-        events = await closing_events(self.store, message, lost)
+        events = await closing_events(self.store, message, lost, tx)
         if request.restart:
             events.append(restart_message(message.session_id))
         await self.store.events.publish_many(events, tx=tx)

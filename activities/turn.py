@@ -144,8 +144,9 @@ class TurnActivities:
                 span.set_attribute("tool_calls", len(result.calls))
             return result
 
-    async def _would_overflow(self, session: SessionInfo, request: TurnInput) -> bool:
-        """Would the next request exceed the window (less its output and buffer)?"""
+    async def _would_overflow(self, tx: Tx, session: SessionInfo, request: TurnInput) -> bool:
+        """Would the next request exceed the window (less its output and buffer)? Read in the
+        turn's opening transaction."""
         store = self.rt.store
         settings = CompactionSettings.model_validate(session.settings.get("compaction") or {})
         if not settings.auto or session.model is None:
@@ -153,10 +154,10 @@ class TurnActivities:
         limits = model_limits(session.model)
         if limits is None:
             return False
-        history = current_history(await store.sessions.messages(session.id))
+        history = current_history(await store.sessions.messages(session.id, tx=tx))
         added = ""
         if request.promotion is not None:  # what the promotion is about to add, at most
-            pending = await store.inputs.pending(session.id)
+            pending = await store.inputs.pending(session.id, tx=tx)
             added = "\n".join(r.prompt.text for r in pending if r.prompt is not None)
         system = session.settings.get("system") or DEFAULT_SYSTEM
         specs = json.dumps([spec.model_dump() for spec in self.rt.tools.specs()])
@@ -184,7 +185,7 @@ class TurnActivities:
             agent = self.rt.agents.get(session.agent)
             model = ModelRef.parse(agent.model) if agent.model else session.model
             provider = p.open_provider(self.rt.providers(model))
-            if not request.skip_compaction and await self._would_overflow(session, request):
+            if not request.skip_compaction and await self._would_overflow(tx, session, request):
                 raise _CompactFirst()
             # Context changes come before what is promoted now: they happened before it.
             baseline = await self._baseline(tx, session)

@@ -420,6 +420,20 @@ class Database:
             async with self.read_engine.connect() as conn, conn.begin():
                 yield conn
 
+    @asynccontextmanager
+    async def reading(self, tx: Tx | None) -> AsyncIterator[Connection]:
+        """Where a read of one statement runs: in ``tx`` when the caller holds one, else on a
+        connection of its own (``read(single=True)``).
+
+        A read inside a fenced transaction must never take a second connection: every
+        connection of the pool could be held by a transaction waiting for one more, and the
+        claim row stays locked while it waits."""
+        if tx is not None:
+            yield tx.conn
+            return
+        async with self.read(single=True) as conn:
+            yield conn
+
     def _inline_snapshot(self) -> tuple[sa.Connection, sa.RootTransaction] | None:
         assert self._readers is not None
         conn = self._readers.take()

@@ -551,8 +551,10 @@ class EventStore:
         *,
         through: int | None = None,
         limit: int | None = None,
+        tx: Tx | None = None,
     ) -> Page:
-        """One page of events with ``after < seq <= through`` in seq order.
+        """One page of events with ``after < seq <= through`` in seq order (read in ``tx``
+        when given).
 
         Rows of a type unknown to this process are skipped, but the cursor still advances.
         """
@@ -564,7 +566,7 @@ class EventStore:
         )
         if through is not None:
             query = query.where(event_table.c.seq <= through)
-        async with self.db.read(single=True) as conn:
+        async with self.db.reading(tx) as conn:
             rows = (await conn.execute(query)).all()
         events = [self._decode(row) for row in rows if self.registry.knows(row.type)]
         return Page(events, int(rows[-1].seq) if rows else after)

@@ -161,14 +161,15 @@ class Inputs:
             row = await _INPUT.first(conn, self.db.dialect, {"id": input_id})
         return None if row is None else _receipt(dict(zip(_INPUT_COLUMNS, row, strict=True)))
 
-    async def pending(self, session_id: str) -> list[InputReceipt]:
-        """Inputs not yet promoted (or, for compactions, not yet handled), in admission order."""
+    async def pending(self, session_id: str, *, tx: Tx | None = None) -> list[InputReceipt]:
+        """Inputs not yet promoted (or, for compactions, not yet handled), in admission order
+        (read in ``tx`` when given)."""
         query = (
             sa.select(input_table)
             .where(_i.session_id == session_id, _i.promoted_seq.is_(None))
             .order_by(_i.admitted_seq)
         )
-        async with self.db.read(single=True) as conn:
+        async with self.db.reading(tx) as conn:
             return [_receipt(row._mapping) for row in (await conn.execute(query)).all()]
 
     async def pending_deliveries(

@@ -168,10 +168,10 @@ class Sessions:
         part = _tool_part(data)
         return info, None if part is None else StoredPart(part, int(position), data)
 
-    async def messages(self, session_id: str) -> builtins.list[Message]:
-        """The projected history, in seq order."""
+    async def messages(self, session_id: str, *, tx: Tx | None = None) -> builtins.list[Message]:
+        """The projected history, in seq order (read in ``tx`` when given)."""
         validate_id(session_id)
-        async with self.db.read(single=True) as conn:
+        async with self.db.reading(tx) as conn:
             rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
         messages: builtins.list[Message] = []
         for _seq, position, data in rows:  # each message, then its parts (one snapshot)

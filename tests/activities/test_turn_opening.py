@@ -20,6 +20,7 @@ from sessionflow.models.common import ModelRef
 from sessionflow.models.drain import TurnInput
 from store import Store
 from store.claims import Claim
+from tests.conftest import Target
 from tests.store.helpers import rows, statements
 
 MESSAGE = "msg_turn"
@@ -92,3 +93,25 @@ async def test_an_opening_promotes_nothing_behind_a_compaction(
     begun = await _begin(store, claim, "queue")
     assert begun.step == 2
     assert len(await store.inputs.pending(sid)) == 2
+
+
+async def test_an_opening_that_weighs_its_history_reads_in_its_own_transaction(
+    target: Target, tmp_path: Path
+) -> None:
+    """F6: with auto compaction on (the model's window known), the opening reads the history and
+    what waits, to weigh the next request, inside its fenced transaction. On a pool of one
+    connection (PostgreSQL) a read that asked the pool for a second one while the first holds
+    the claim row would wait out the checkout bound and fail; here the opening succeeds."""
+    store = await target.open(db_pool_size=1, db_pool_overflow=0, lease_ms=3000)
+    try:
+        script = tmp_path / "model.json"
+        limits = {"context": 100_000, "output": 1_000}
+        script.write_text(json.dumps({"limits": limits, "turns": [{"events": [{"text": "hi"}]}]}))
+        model = ModelRef.parse(f"scripted/{script}")
+        sid = (await store.sessions.create(str(tmp_path), model=model)).id
+        claim = await store.claims.acquire(sid, "exec_a", "owner")
+        await store.inputs.admit(sid, "weigh me", delivery="steer")
+        begun = await _begin(store, claim)
+        assert (begun.step, begun.index) == (1, 0)
+    finally:
+        await store.close()

@@ -77,7 +77,9 @@ class Harness:
         log = self.root / f"{name}.requests.jsonl"
         if not log.exists():
             return []
-        return [json.loads(line) for line in log.read_text().splitlines()]
+        # A worker process may be writing the last line as it is read: only whole lines count.
+        whole = log.read_text().rpartition("\n")[0]
+        return [json.loads(line) for line in whole.splitlines()]
 
     def roles(self, request: dict[str, Any]) -> list[str]:
         return [message["role"] for message in request["messages"]]
