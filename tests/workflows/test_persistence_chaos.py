@@ -175,3 +175,38 @@ async def test_conflicts_on_the_fenced_path_are_retried_inside_their_activity(
     assert types.count("session.tool.success") == 1
     assert types.count("session.step.ended") == 2
     assert types.count("session.execution.succeeded") == 1
+
+
+async def test_a_claim_and_a_turn_opening_whose_commit_answer_is_lost_write_once(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C2 at a busy period's first two fenced transactions (PostgreSQL): the claim with its
+    ``execution.started`` (``claim_and_prepare``) and the turn's opening, which promotes the
+    prompt (``prompt.promoted``), each commit and then lose their answer. The claim is asked
+    again and finds itself granted (one ``execution.started``); the opening's activity fails
+    before the model is asked and the turn is opened again under the same claim, finding the
+    prompt promoted: one promotion, one step, one request, the busy period succeeds; the
+    checker passes (harness)."""
+    store = await postgres_target.open()
+    armed = [ev.ExecutionStarted.stored_type(), ev.PromptPromoted.stored_type()]
+    try:
+        with injecting(monkeypatch) as faults:
+            async with harness(temporal_env.client, store, tmp_path) as h:
+                sid = await h.session([{"text": "done"}], [{"text": "again"}])
+                faults.commit_on += armed
+                await h.client.prompt(sid, "Go")
+                await h.client.wait_idle(sid, timeout=60)
+                log = await final_log(store, sid)
+                requests = h.requests()
+    finally:
+        await store.close()
+    assert faults.seen == {f"commit_then_fail:{t}": 1 for t in armed}
+    types = [e.data.type for e in log]
+    assert types.count("session.execution.started") == 1
+    assert types.count("session.prompt.promoted") == 1
+    assert types.count("session.step.started") == 1 and "session.step.failed" not in types
+    assert types[-1] == "session.execution.succeeded"
+    assert len(requests) == 1  # the model was asked once: the lost opening asked nothing
