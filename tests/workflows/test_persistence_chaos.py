@@ -183,15 +183,18 @@ async def test_a_claim_and_a_turn_opening_whose_commit_answer_is_lost_write_once
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """C2 at a busy period's first two fenced transactions (PostgreSQL): the claim with its
-    ``execution.started`` (``claim_and_prepare``) and the turn's opening, which promotes the
-    prompt (``prompt.promoted``), each commit and then lose their answer. The claim is asked
-    again and finds itself granted (one ``execution.started``); the opening's activity fails
-    before the model is asked and the turn is opened again under the same claim, finding the
-    prompt promoted: one promotion, one step, one request, the busy period succeeds; the
-    checker passes (harness)."""
+    """C2 at a busy period's first fenced writes (PostgreSQL): the claim with its
+    ``execution.started`` (``claim_and_prepare``), the turn's opening, which promotes the
+    prompt (``prompt.promoted``), and the turn's first batch (its ``step.started``) each commit
+    and then lose their answer. Each is found written when asked again: one
+    ``execution.started``, one promotion, one step started and none failed, one request to the
+    model, the busy period succeeds; the checker passes (harness)."""
     store = await postgres_target.open()
-    armed = [ev.ExecutionStarted.stored_type(), ev.PromptPromoted.stored_type()]
+    armed = [
+        ev.ExecutionStarted.stored_type(),
+        ev.PromptPromoted.stored_type(),
+        ev.StepStarted.stored_type(),
+    ]
     try:
         with injecting(monkeypatch) as faults:
             async with harness(temporal_env.client, store, tmp_path) as h:
