@@ -18,8 +18,11 @@ in a per-host directory with its worker's identity (pid and start time). ``reap_
 by every worker at start and then periodically, kills the groups whose worker is gone. The
 record is made *before* the command starts (``intend``): a pid exists only once it runs, so the
 record first names a token that the command carries in its environment (``TOKEN_VARIABLE``),
-and ``track`` then replaces it with the pid. A worker killed between the two leaves a command
-that the reaper still finds, by its token, in ``/proc``.
+and ``track`` then replaces it with the pid (and keeps the token). A worker killed between the
+two leaves a command that the reaper still finds, by its token, in ``/proc``; so does a group
+whose leader died with the worker while the rest of it lives on: a sandbox whose own PID 1 had
+not yet armed its parent-death signal when bubblewrap died with the worker (a window of a few
+milliseconds as a sandbox starts), or a background job of a shell that exited.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def track(leader: int, token: str | None = None) -> None:
     with suppress(OSError):
         directory = records_dir()
         directory.mkdir(mode=0o700, exist_ok=True)
-        owner = f"{_worker_identity()} {start_time(leader)}"
+        owner = f"{_worker_identity()} {start_time(leader)} {token or ''}".rstrip()
         (directory / str(leader)).write_text(owner)
     if token is not None:
         abandon(token)  # only now: one of the two records always names the command
@@ -110,14 +113,23 @@ def reap_orphans() -> list[int]:
                 continue  # its worker still runs it
             if record.name.startswith(_PENDING):
                 # The worker died between starting the command and recording its pid.
-                for leader in _carrying(record.name.removeprefix(_PENDING)):
-                    signal_all(leader, signal.SIGKILL)
-                    killed.append(leader)
+                killed += _kill_carrying(record.name.removeprefix(_PENDING))
             elif start_time(leader := int(record.name)) == started[0]:
                 signal_all(leader, signal.SIGKILL)
                 killed.append(leader)
+            elif len(started) > 1:
+                # The leader is gone (its pid may even be another process's now): what it
+                # started is found by the token in its environment.
+                killed += _kill_carrying(started[1])
             record.unlink()
     return killed
+
+
+def _kill_carrying(token: str) -> list[int]:
+    sessions = sorted(_carrying(token))
+    for session in sessions:
+        signal_all(session, signal.SIGKILL)
+    return sessions
 
 
 def _carrying(token: str) -> set[int]:

@@ -194,6 +194,13 @@ def _live_with(marker: str) -> list[int]:
     return found
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _recorded(pids: list[int]) -> bool:
     from activities.tools.process import records_dir
 
@@ -211,8 +218,10 @@ async def test_a_killed_workers_contained_tool_processes_die_with_it(
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
-    """Catalogue C1: SIGKILL mid-tool, in the sandbox (unconfined, the orphan is reaped by the
-    next worker: ``test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_...``)."""
+    """Catalogue C1: SIGKILL mid-tool, in the sandbox: bubblewrap dies with the worker and the
+    sandbox with it, or (a worker killed as the sandbox starts) the reap ends what is left
+    (unconfined, the orphan is reaped by the next worker:
+    ``test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_...``)."""
     from activities.tools.process import reap_orphans
 
     marker = f"{uuid.uuid4().int % 900 + 100}.{uuid.uuid4().int % 1000}"
@@ -229,11 +238,18 @@ async def test_a_killed_workers_contained_tool_processes_die_with_it(
         await h.until(lambda: bool(_live_with(f"sleep {marker}")), timeout=30)
         # The worker records the group just after it starts: kill it once that is durable.
         await h.until(lambda: _recorded(_live_with(f"sleep {marker}")), timeout=10)
+        bubblewrap = [p for p in _live_with(f"sleep {marker}") if _parent(p) == doomed.process.pid]
+        assert len(bubblewrap) == 1
         doomed.signal(signal.SIGKILL)
         doomed.stop()
-        # The sandbox dies with its parent, and its PID namespace with it: nothing to reap.
+        # bubblewrap dies with the worker: it arms its parent-death signal before it lets the
+        # sandbox start.
+        await h.until(lambda: bubblewrap[0] not in _live_with(f"sleep {marker}"), timeout=10)
+        # The sandbox's PID 1 and the command die with bubblewrap, unless the worker died in
+        # the moment before that PID 1 armed its own signal (seen 7 times in 400 kills here);
+        # then a worker's reap ends them, found by the token in their environment.
+        reap_orphans()
         await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
-        reap_orphans()  # forgets the dead worker's record
 
 
 async def test_a_retry_after_longer_than_the_lease_keeps_the_claim(short_lease: Harness) -> None:

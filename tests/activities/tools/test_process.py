@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,38 @@ def test_a_live_workers_command_is_left_alone_before_and_after_its_pid_is_record
 def test_an_abandoned_start_leaves_no_record(records: Path) -> None:
     process.abandon(process.intend())
     assert not list(records.iterdir())
+
+
+def test_what_outlived_its_recorded_leader_is_reaped_by_its_token(
+    records: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
+    """Catalogue C1: the recorded leader died with its worker and the rest of its session lives
+    on (as a sandbox's PID 1 and command do when the worker dies in the moment before that PID 1
+    arms its parent-death signal). The leader's pid names nothing any more; the token the rest
+    carries in its environment still finds it, and the reaper kills it."""
+    token = process.intend()
+    env = {**os.environ, process.TOKEN_VARIABLE: token}
+    script = "import subprocess; subprocess.Popen(['sleep', '300'])"
+    leader = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    spawn.append(leader)
+    process.track(leader.pid, token)
+    assert leader.wait(timeout=10) == 0
+    left = process.members(leader.pid)
+    assert left, "the leader's child outlives it"
+    record = records / str(leader.pid)
+    _worker, _start, leader_start, kept = record.read_text().rsplit(" ", 3)
+    assert kept == token
+    record.write_text(f"{DEAD_WORKER} {leader_start} {token}")  # its worker died with it
+    assert process.reap_orphans() == [leader.pid]
+    assert _emptied(leader.pid), "the leader's session outlived the reaper"
+    assert not list(records.iterdir())
+
+
+def _emptied(session: int, seconds: float = 5) -> bool:
+    """No live process left in ``session`` (a killed one may stay a zombie until init reaps)."""
+    deadline = time.monotonic() + seconds
+    while process.members(session):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
