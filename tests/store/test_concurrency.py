@@ -81,8 +81,10 @@ async def test_concurrent_appenders_with_aborted_transactions_stay_gap_free(
     assert 0.6 * APPENDS < committed < 0.8 * APPENDS
 
 
-async def _follow_until(store: Store, aggregate: str, last: int, **kwargs: object) -> list[int]:
-    received: list[int] = []
+async def _follow_until(
+    store: Store, aggregate: str, last: int, into: list[int] | None = None, **kwargs: object
+) -> list[int]:
+    received: list[int] = [] if into is None else into
     async for item in store.events.log(aggregate, follow=True, **kwargs):  # type: ignore[arg-type]
         if isinstance(item, StoredEvent):
             received.append(item.seq)
@@ -149,10 +151,12 @@ async def test_a_postgres_follower_rides_out_its_server_going_down(
     store.events.registry.register(Probe)
     try:
         await store.events.publish(Probe(session_id="ses_restart", value=0))
-        follower = asyncio.create_task(_follow_until(store, "ses_restart", 2, poll_interval=0.02))
-        while store.notifier.listener_pid is None:
-            await asyncio.sleep(0.01)
+        seen: list[int] = []
+        follow = _follow_until(store, "ses_restart", 2, seen, poll_interval=0.02)
+        follower = asyncio.create_task(follow)
         await store.events.publish(Probe(session_id="ses_restart", value=1))
+        while 1 not in seen:  # past its history: what remains of it reads nothing
+            await asyncio.sleep(0.01)
         if how == "restart -m fast":
             await asyncio.to_thread(pg_cluster.restart_fast)
         else:
