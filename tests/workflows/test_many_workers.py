@@ -1,9 +1,10 @@
-"""Many workers: two worker processes on one PostgreSQL store and one task queue.
+"""Many workers: two worker processes on one store (a SQLite file or PostgreSQL) and one task
+queue, and a reader following a session live in a third process (this one).
 
 Concurrent sessions spread over both (the activities' started events name the worker that ran
 them), and nothing is duplicated: every session ran its busy period once, each tool call
 settled once, and every log keeps the invariants (``tests/invariants.py``, checked on the way
-out of the harness).
+out of the harness). No activity failed, so no store error (SQLITE_BUSY included) reached one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.models.drain import WORKFLOW_ID_PREFIX
 from store import Store
+from store.events import StoredEvent
 from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import call, harness
@@ -39,24 +41,35 @@ async def _identities(env: WorkflowEnvironment, sid: str) -> set[str]:
 
 async def test_two_worker_processes_share_the_sessions_and_duplicate_nothing(
     temporal_env: WorkflowEnvironment,
-    postgres_target: Target,
+    target: Target,
     tmp_path: Path,
     workers: list[WorkerProcess],
 ) -> None:
-    store: Store = await postgres_target.open()
+    """S11 (on SQLite) and issue 14's many workers: two worker processes drain 12 sessions on
+    one store while this process follows one of them live. Both ran activities; no activity
+    task failed in any history (no SQLITE_BUSY or other store error reached one); each busy
+    period ran once, each
+    call settled once; the follower got exactly the final log; SQLite's WAL stayed under
+    64 MB."""
+    store: Store = await target.open()
     try:
         async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
             for _ in range(2):
-                workers.append(WorkerProcess(temporal_env, postgres_target, h.client.task_queue))
+                workers.append(WorkerProcess(temporal_env, target, h.client.task_queue))
             await asyncio.gather(*(worker.ready() for worker in workers))
             turns = [
                 [call(f"t{t}c{i}", text=f"{t}/{i}") for i in range(TOOLS)] for t in range(TURNS)
             ]
             sids = [await h.session(*turns, [{"text": "Done."}]) for _ in range(SESSIONS)]
+            followed: list[StoredEvent] = []
+            reader = asyncio.create_task(_follow(store, sids[0], followed))
             await asyncio.gather(*(h.client.prompt(sid, "Go") for sid in sids))
             await asyncio.gather(*(h.client.wait_idle(sid, timeout=120) for sid in sids))
+            await asyncio.wait_for(reader, 30)
+            assert [e.id for e in followed] == [e.id for e in await final_log(store, sids[0])]
             identities: Counter[str] = Counter()
             for sid in sids:
+                assert await _failed_activities(temporal_env, sid) == []
                 log = await final_log(store, sid)
                 assert_clean(log)
                 types = Counter(e.data.type for e in log)
@@ -69,5 +82,31 @@ async def test_two_worker_processes_share_the_sessions_and_duplicate_nothing(
         pids = {str(worker.process.pid) for worker in workers}
         ran = {pid for pid in pids if any(i.endswith(f"/{pid}") for i in identities)}
         assert ran == pids, (pids, identities)
+        if target.backend == "sqlite":
+            wal = Path(str(store.db.url).removeprefix("sqlite+aiosqlite:///") + "-wal")
+            assert wal.stat().st_size < 64 * 2**20
     finally:
         await store.close()
+
+
+async def _follow(store: Store, sid: str, into: list[StoredEvent]) -> None:
+    """Follow ``sid`` from its first event until its busy period ends."""
+    async for item in store.events.log(sid, follow=True):
+        if isinstance(item, StoredEvent):
+            into.append(item)
+            if item.data.type == "session.execution.succeeded":
+                return
+
+
+async def _failed_activities(env: WorkflowEnvironment, sid: str) -> list[str]:
+    """Every activity failure or timeout in the session's workflow history."""
+    failed = {
+        EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+        EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+    }
+    handle = env.client.get_workflow_handle(f"{WORKFLOW_ID_PREFIX}{sid}")
+    return [
+        str(event.activity_task_failed_event_attributes.failure.message)
+        async for event in handle.fetch_history_events()
+        if event.event_type in failed
+    ]
