@@ -13,7 +13,7 @@ what decides whether a failure costs the user a retry or a failed turn:
 | HTTP 5xx or 529, ``overloaded``, ``server_error``, ``api_error`` | internal |
 | connection refused/reset, timeouts, HTTP 408, a broken stream | transport |
 | HTTP 400/404/413/422 | invalid_request |
-| an event that is not JSON | invalid_output |
+| an event that is not JSON, or one larger than ``clients.MAX_EVENT_BYTES`` | invalid_output |
 
 Every message names the adapter, the model and the HTTP status when there is one.
 """
@@ -131,10 +131,20 @@ def _by_status(status: int | None, text: str) -> ErrorKind:
     return "unknown"
 
 
+class OversizedEventError(ValueError):
+    """A server-sent event grew past the bound the transport holds events to."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a server-sent event grew past {limit} bytes; the stream was cut there")
+        self.limit = limit
+
+
 def translate(error: BaseException, label: Label) -> ProviderError | None:
     """The ``ProviderError`` for an exception, or ``None`` when it is not a provider failure."""
     if isinstance(error, ProviderError):
         return error
+    if isinstance(error, OversizedEventError):
+        return label.error("invalid_output", str(error))
     import anthropic
     import openai
 

@@ -11,6 +11,7 @@ import pytest
 
 from activities.providers import base as p
 from activities.providers.assembly import MAX_TOOL_INPUT_BYTES
+from activities.providers.clients import MAX_EVENT_BYTES
 from sessionflow.models import events as ev
 from tests.activities.providers.server import ReplayServer, Reply, sse
 from tests.activities.providers.support import publish, publishable, request, run, settings
@@ -325,6 +326,49 @@ async def test_a_100_mb_argument_string_is_capped_and_never_held_whole(
     assert outcome.of(p.ToolCall)[0].input is None
     assert failed_inputs(outcome.events) == ["call_big"]
     assert grown < 40 * 1024 * 1024, f"peak RSS grew {grown / 2**20:.0f} MiB for 100 MiB"
+
+
+@pytest.mark.parametrize("model", [RESPONSES, ANTHROPIC])
+async def test_one_100_mb_event_is_cut_at_the_bound_and_never_held_whole(
+    server: ReplayServer, model: str
+) -> None:
+    """P5 and D1: a 100 MiB string inside *one* server-sent event (a Responses
+    ``output_item.done`` repeats a call's whole arguments; on Anthropic a text delta), sent in
+    256 KiB pieces of one line. The SDKs' decoders would hold the event whole before any cap
+    of ours saw it; the transport cuts the stream once the event passes ``MAX_EVENT_BYTES``:
+    the turn ends with an ``invalid_output`` error naming the bound, after the events before
+    it, and this process's peak RSS grows by a small multiple of the bound, far less than the
+    event."""
+    piece = b"x" * 256 * 1024
+    if model == RESPONSES:
+        warm = [a("response.completed", response={"status": "completed"})]
+        before = [a("response.output_item.added", output_index=0, item=_call_item(""))]
+        head = a("response.output_item.done", output_index=0, item=_call_item("<cut>"))
+    else:
+        warm = [*text_block(0, "warm"), a("content_block_stop", index=0), *END]
+        before = text_block(0, "first")
+        head = a("content_block_delta", index=0, delta={"type": "text_delta", "text": "<cut>"})
+    server.queue(Reply.events(*warm))  # the SDK and the adapter load before the measure
+    assert (await run(settings(server), request(model))).error is None
+    opening, _, closing = head.partition(b"<cut>")
+    server.queue(Reply.events(*before, opening, *[piece] * 400, closing))
+    rss = _peak_rss_bytes()
+    outcome = await run(settings(server), request(model))
+    grown = _peak_rss_bytes() - rss
+    assert outcome.error is not None and outcome.error.kind == "invalid_output"
+    assert f"grew past {MAX_EVENT_BYTES} bytes" in outcome.error.message
+    assert outcome.events, "what came before the enormous event was passed on"
+    assert grown < 4 * MAX_EVENT_BYTES, f"peak RSS grew {grown / 2**20:.0f} MiB"
+
+
+def _call_item(arguments: str) -> dict[str, object]:
+    return {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_big",
+        "name": "echo",
+        "arguments": arguments,
+    }
 
 
 def _arguments(text: str) -> dict[str, object]:
