@@ -15,11 +15,11 @@ from sessionflow.models.events import Event
 from sessionflow.models.messages import AssistantMessage
 from sessionflow.settings import Settings
 from store import codec, projector
-from store.claims import Claim, Claims, fence_params, run_params
+from store.claims import Claim, Claims, Phase, fence_params, run_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
 from store.fast import PostgresWriter, SqliteWriter
-from store.inputs import Inputs
+from store.inputs import Inputs, Waiting, waiting
 from store.notify import Notifier
 from store.projector import apply_tool
 from store.sessions import Sessions, StoredPart
@@ -42,6 +42,16 @@ class TurnView:
 
     message_id: str
     message: AssistantMessage | None = None
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    """A step's assistant message (None when there is none) as read outside any transaction,
+    with the version of its session's claim row then: ``Store.end_step`` writes only if no
+    fenced write came after the read."""
+
+    message: Any
+    version: str
 
 
 @dataclass
@@ -245,11 +255,94 @@ class Store:
             return None
         return stored[0]
 
+    async def step_snapshot(self, session_id: str, message_id: str) -> StepSnapshot | None:
+        """On PostgreSQL, the step's message read in one statement with its claim row's version
+        (``_PG_STEP_READ``), for ``end_step``. None on SQLite, where the general path runs
+        inline, or when the session has no claim."""
+        if not isinstance(self.writer, PostgresWriter):
+            return None
+        rows = await self.writer.read_step(session_id, message_id)
+        if not rows or rows[0][0] != -2:
+            return None
+        return StepSnapshot(projector.assemble(rows[1:]), str(rows[0][1]))
+
+    async def end_step(
+        self,
+        claim: Claim,
+        snapshot: StepSnapshot,
+        events: Sequence[Event],
+        *,
+        step_attempt: int,
+        phase: Phase,
+    ) -> Waiting | None:
+        """End a step in one statement (``_PG_END_STEP``): ``events`` (``STEP_END_EVENTS`` of
+        the snapshot's message, which they change in memory), projected on the message as the
+        snapshot read it, under the fence with ``step_attempt``, the phase recorded with it.
+        Returns what waits to be promoted (as ``Inputs.waiting``), read in the same statement.
+
+        None when nothing was written: the events are not all the message's step end, the
+        fence refused it, or a fenced write came after the snapshot. The caller then takes the
+        general path, which reads the message again in its transaction and says why.
+        """
+        message = snapshot.message
+        assert isinstance(self.writer, PostgresWriter) and isinstance(message, AssistantMessage)
+        kinds = projector.STEP_END_EVENTS
+        if not all(self.events.projects_only(type(e), kinds) for e in events) or not (
+            events and projector.ends_step_only(message, events)
+        ):
+            return None
+        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+        placed = [  # their projections read no seq: it is allocated by the statement
+            StoredEvent(row["id"], row["aggregate_id"], -1, row["created"], row["type"], event)
+            for row, event in zip(rows, events, strict=True)
+        ]
+        projected = await projector.project_in_memory(message, placed)
+        params = _end_step_params(claim, snapshot, rows, projected, step_attempt, phase)
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            self.events.committed(rows, events)
+
+        ended = await self.writer.end_step(params, rows, announce)
+        return None if ended is None else waiting(*ended[1:])
+
     async def close(self) -> None:
         await self.notifier.close()
         if self.writer is not None:
             await self.writer.close()
         await self.db.dispose()
+
+
+def _end_step_params(
+    claim: Claim,
+    snapshot: StepSnapshot,
+    rows: list[dict[str, Any]],
+    projected: projector.Projected,
+    step_attempt: int,
+    phase: Phase,
+) -> dict[str, Any]:
+    usage = projected.usage or dict.fromkeys(
+        ("at", "cost", "input", "output", "reasoning", "cache_read", "cache_write")
+    )
+    return {
+        **fence_params(claim),
+        **usage,
+        "attempt": step_attempt,
+        "phase": phase,
+        "version": snapshot.version,
+        "mid": snapshot.message.id,
+        "agg": claim.session_id,
+        "n": len(rows),
+        "ids": [row["id"] for row in rows],
+        "createds": [row["created"] for row in rows],
+        "types": [row["type"] for row in rows],
+        "datas": [row["data"] for row in rows],
+        "body": projected.message_row,
+        "updated": projected.updated,
+        "positions": [part["position"] for part in projected.parts],
+        "call_ids": [part["call_id"] for part in projected.parts],
+        "parts": [part["body"] for part in projected.parts],
+        "usage": projected.usage is not None,
+    }
 
 
 async def open_store(

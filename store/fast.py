@@ -94,8 +94,8 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS w
 # turn's own view of the message, ``projector.project_parts``), the seqs and the events, in one
 # statement. Every writer of a session renews its claim row first, so they take the rows
 # after it one at a time.
-_PG_PARTS = f"""
-WITH {_PG_RENEWED}, parts AS (
+_PG_PART_ROWS = """
+parts AS (
   INSERT INTO session_part (message_id, position, session_id, call_id, data)
   SELECT %(mid)s, p.position, %(sid)s, p.call_id, p.data
   FROM renewed,
@@ -104,7 +104,9 @@ WITH {_PG_RENEWED}, parts AS (
   ON CONFLICT (message_id, position)
     DO UPDATE SET call_id = excluded.call_id, data = excluded.data
   RETURNING 1
-), {_PG_EVENTS}
+)"""
+_PG_PARTS = f"""
+WITH {_PG_RENEWED}, {_PG_PART_ROWS}, {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS parts
 """
 
@@ -140,6 +142,61 @@ WITH renewed AS (
   RETURNING seq
 )
 SELECT (SELECT seq FROM inserted)
+"""
+
+# A step's assistant message as its end reads it (``Store.step_snapshot``), first the version of
+# the session's claim row: ``xmin``, the transaction that last wrote the row. Every fenced write
+# renews that row in its own transaction, so a write fenced on the version too (``_PG_END_STEP``)
+# applies only if no fenced write, nor anything else that could have changed the message, came
+# between the read and it (xmin as an optimistic concurrency token, as Npgsql offers it).
+_PG_STEP_READ = """
+SELECT -2 AS position, xmin::text AS data FROM session_execution WHERE session_id = %(sid)s
+UNION ALL
+SELECT -1, data FROM session_message WHERE id = %(mid)s AND session_id = %(sid)s
+UNION ALL
+SELECT position, data FROM session_part WHERE message_id = %(mid)s AND session_id = %(sid)s
+ORDER BY position
+"""
+
+# A step's end (``Store.end_step``): the fence, with the step's attempt and the claim row's
+# version as read, recording the phase as ``record_phase`` does; the seqs and the events; the
+# message's row and parts as the events left them (projected in memory by the caller); the
+# session's usage (``projector._ADD_USAGE``); and, read with it, what waits to be promoted (as
+# ``Inputs.waiting`` reads it). What comes after the fence writes only if it renewed, so a
+# refused end writes nothing at all.
+_PG_END_STEP = f"""
+WITH renewed AS (
+  UPDATE session_execution
+  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
+    step_attempt = %(attempt)s, phase = %(phase)s, assistant_message_id = %(mid)s
+  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
+    AND expires_at > {_PG_NOW} AND step_attempt <= %(attempt)s
+    AND xmin = %(version)s::xid
+  RETURNING 1
+), {_PG_EVENTS}, {_PG_PART_ROWS}, message AS (
+  UPDATE session_message SET data = %(body)s, time_updated = %(updated)s::bigint
+  WHERE id = %(mid)s AND session_id = %(sid)s AND %(body)s::text IS NOT NULL
+    AND EXISTS (SELECT 1 FROM allocated)
+  RETURNING 1
+), usage AS (
+  UPDATE session
+  SET cost = cost + %(cost)s::float8,
+    tokens_input = tokens_input + %(input)s::bigint,
+    tokens_output = tokens_output + %(output)s::bigint,
+    tokens_reasoning = tokens_reasoning + %(reasoning)s::bigint,
+    tokens_cache_read = tokens_cache_read + %(cache_read)s::bigint,
+    tokens_cache_write = tokens_cache_write + %(cache_write)s::bigint,
+    time_updated = %(at)s::bigint
+  WHERE id = %(sid)s AND %(usage)s::boolean AND EXISTS (SELECT 1 FROM allocated)
+  RETURNING 1
+)
+SELECT (SELECT seq FROM allocated) AS last,
+  EXISTS (SELECT 1 FROM session_input WHERE session_id = %(sid)s AND type = 'prompt'
+    AND delivery = 'steer' AND promoted_seq IS NULL) AS steer,
+  EXISTS (SELECT 1 FROM session_input WHERE session_id = %(sid)s AND type = 'prompt'
+    AND delivery = 'queue' AND promoted_seq IS NULL) AS queue,
+  (SELECT id FROM session_input WHERE session_id = %(sid)s AND type = 'compaction'
+    AND promoted_seq IS NULL LIMIT 1) AS compaction
 """
 
 
@@ -389,12 +446,29 @@ class PostgresWriter:
             params["positions"] = [part["position"] for part in parts]
             params["call_ids"] = [part["call_id"] for part in parts]
             params["parts"] = [part["body"] for part in parts]
-        last = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
-        return last is not None
+        row = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
+        return row is not None
+
+    async def end_step(
+        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> tuple[Any, ...] | None:
+        """``_PG_END_STEP``, seqs assigned to ``rows``: its row (the last seq, then what waits
+        to be promoted), or None if the fence refused it and nothing was written."""
+        return await retry_conflicts(lambda: self._attempt(_PG_END_STEP, params, rows, on_commit))
+
+    async def read_step(self, session_id: str, message_id: str) -> list[tuple[Any, ...]]:
+        """``_PG_STEP_READ``'s rows: one statement, its own snapshot, no transaction."""
+        try:
+            async with self._pool.connection() as conn:
+                params = {"sid": session_id, "mid": message_id}
+                cursor = await conn.execute(_PG_STEP_READ, params, prepare=True)
+                return await cursor.fetchall()
+        except psycopg.Error as error:
+            _raise_typed(error, [])
 
     async def _attempt(
         self, sql: str, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
-    ) -> int | None:
+    ) -> tuple[Any, ...] | None:
         try:
             # A cancellation while waiting for a connection stops the append; once the
             # statement is sent, it and its announcement finish together (``settled``).
@@ -440,21 +514,24 @@ async def _commit(
     params: dict[str, Any],
     rows: list[dict[str, Any]],
     on_commit: OnCommit,
-) -> int | None:
+) -> tuple[Any, ...] | None:
+    """Run an append statement whose first column is the last seq it allocated; its row, or
+    None when that is NULL (the fence refused it)."""
     cursor = await conn.execute(sql, params, prepare=True)
     result = await cursor.fetchone()
     if result is None or result[0] is None:
-        return None  # the fence refused it
+        return None
     last = int(result[0])
     for offset, row in enumerate(rows):
         row["seq"] = last - len(rows) + 1 + offset
     on_commit()
-    return last
+    return tuple(result)
 
 
 def _raise_typed(error: BaseException, rows: list[dict[str, Any]]) -> NoReturn:
-    """Raise the store's typed error for a driver error on the hot path (or the error)."""
-    typed = unique_violation_error(error, rows) or store_error(error)
+    """Raise the store's typed error for a driver error on the hot path (or the error);
+    ``rows``: the events it was writing (none for a read)."""
+    typed = (unique_violation_error(error, rows) if rows else None) or store_error(error)
     if typed is None:
         raise error
     raise typed from error

@@ -672,7 +672,21 @@ async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | 
         "cache_read": tokens.cache.read,
         "cache_write": tokens.cache.write,
     }
+    if tx.conn is None:  # projected in memory (``project_in_memory``): its caller writes it
+        tx.cache[_USAGE] = _summed(tx.cache.get(_USAGE), params)
+        return
     await _ADD_USAGE.rows(tx.conn, tx.dialect, params)
+
+
+_USAGE = "projector.usage"
+_USAGE_SUMS = ("cost", "input", "output", "reasoning", "cache_read", "cache_write")
+
+
+def _summed(usage: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
+    """Two usage additions as one, dated by the later (as two updates leave the row)."""
+    if usage is None:
+        return more
+    return {**more, **{key: usage[key] + more[key] for key in _USAGE_SUMS}}
 
 
 def _add_usage_statement(_dialect: DialectName) -> Any:
@@ -853,6 +867,41 @@ async def project_parts(
 ) -> list[dict[str, Any]]:
     """Apply ``stored`` (``parts_only`` events, deltas among them) to ``message`` in memory;
     the rows of the parts that changed, as ``session_part`` stores them."""
+    return (await project_in_memory(message, stored)).parts
+
+
+# What ends a step (``finish_step``): its end or failure, and its calls left unsettled failed.
+# Their projection changes the step's message, its parts and the session's usage, and nothing
+# else, so on PostgreSQL the store projects them in memory on the message as it read it and
+# writes the outcome with the events in one statement (``Store.end_step``).
+STEP_END_EVENTS = (ev.StepEnded, ev.StepFailed, ev.ToolFailed)
+
+
+def ends_step_only(message: AssistantMessage, events: Sequence[ev.Event]) -> bool:
+    """Whether ``events`` are all ``STEP_END_EVENTS`` of ``message``."""
+    return all(
+        isinstance(event, STEP_END_EVENTS)
+        and event.session_id == message.session_id
+        and event.assistant_message_id == message.id
+        for event in events
+    )
+
+
+@dataclass(frozen=True)
+class Projected:
+    """What events projected in memory changed: the message's own row and when (None when
+    unchanged), the rows of the parts that changed, and the session's usage to add (the
+    parameters of ``_ADD_USAGE``; None when there is none)."""
+
+    message_row: str | None
+    updated: int | None
+    parts: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+
+
+async def project_in_memory(message: AssistantMessage, stored: Sequence[StoredEvent]) -> Projected:
+    """Apply ``stored`` to ``message`` in memory: events whose projection changes nothing but
+    that message and the session's usage (``parts_only`` or ``ends_step_only`` events)."""
     tx = Tx(conn=None, dialect="postgresql")
     entry = _messages(tx)[message.id] = _Loaded(message)
     tx.before_commit.clear()
@@ -860,7 +909,12 @@ async def project_parts(
         handler = _HANDLERS.get(type(event.data))
         if handler is not None:
             await handler(tx, event, event.data)
-    return [_part_row(message, position) for position in sorted(entry.changed_parts)]
+    return Projected(
+        message_row=None if entry.updated is None else _message_row(message),
+        updated=entry.updated,
+        parts=[_part_row(message, position) for position in sorted(entry.changed_parts)],
+        usage=tx.cache.get(_USAGE),
+    )
 
 
 def cached_message(tx: Tx, message_id: str) -> Any | None:
