@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -52,7 +52,7 @@ from store.db import Tx
 from store.facade import TurnView
 from store.prepared import Prepared
 from store.schema import session_table
-from store.sessions import SessionInfo
+from store.sessions import SessionInfo, StepBasis
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,6 +88,7 @@ class _Begun:
     agent: Agent
     model: ModelRef
     provider: p.Provider
+    basis: StepBasis  # what the turn's step starts on, as the opening left it
 
 
 class TurnActivities:
@@ -126,6 +127,7 @@ class TurnActivities:
                 publisher.start_assistant()  # a retry re-announces the same assistant message
             stream = _Stream(self.rt, claim, request, publisher, last_step, hidden)
             stream.provider = begun.provider
+            stream.view.basis = begun.basis
             attributes: dict[str, str | int] = {
                 "session.id": claim.session_id,
                 "model": str(model),
@@ -177,7 +179,9 @@ class TurnActivities:
 
         async def begin(tx: Tx) -> _Begun:
             step = request.step
-            session, pending = await store.sessions.opening(tx, claim.session_id)
+            session, pending, basis = await store.sessions.opening(
+                tx, claim.session_id, request.assistant_message_id
+            )
             if session.model is None:
                 raise ValueError(f"Session {session.id} has no model; select one first")
             # Sampled once per attempt: a selection changing meanwhile applies to the next.
@@ -187,10 +191,10 @@ class TurnActivities:
             if not request.skip_compaction and await self._would_overflow(session, request):
                 raise _CompactFirst()
             # Context changes come before what is promoted now: they happened before it.
-            baseline = await self._baseline(tx, session)
+            baseline, noted = await self._baseline(tx, session)
             # Only what the opening read says waits (nothing is promoted behind a compaction).
+            promoted = 0
             if request.promotion is not None and not pending.compaction:
-                promoted = 0
                 if request.promotion == "queue" and pending.queue:
                     promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
                 if pending.steer:
@@ -198,7 +202,11 @@ class TurnActivities:
                 if promoted:
                     step = 1
             index = await count_request(tx, claim.session_id)
-            return _Begun(session, step, index, baseline, agent, model, provider)
+            # The events written here follow what the opening read (one per context change and
+            # per promoted prompt), unless an admission came between: then the step's start
+            # finds the log moved, and takes the general path.
+            basis = replace(basis, seq=basis.seq + noted + promoted)
+            return _Begun(session, step, index, baseline, agent, model, provider, basis)
 
         # A model call is in flight: a takeover must treat the step's outcome as unknown. The
         # fence records it, in the transaction of everything above.
@@ -208,8 +216,9 @@ class TurnActivities:
         )
         return begun
 
-    async def _baseline(self, tx: Tx, session: SessionInfo) -> str:
-        """The frozen system context; changes to its sources become system messages."""
+    async def _baseline(self, tx: Tx, session: SessionInfo) -> tuple[str, int]:
+        """The frozen system context, and how many events noted its changes: changes to its
+        sources become system messages."""
         entries = session.settings.get("context") or {}
         now: dict[str, str] | None
         try:
@@ -223,7 +232,7 @@ class TurnActivities:
             raise ContextUnavailableError(session.id, session.directory, why) from None
         if events:
             await self.rt.store.events.publish_many(events, tx=tx)
-        return baseline
+        return baseline, len(events)
 
     def _hidden(self, session: SessionInfo, agent: Agent) -> frozenset[str]:
         """Tools the agent does not offer, or whose every call its rules deny."""

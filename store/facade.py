@@ -22,7 +22,7 @@ from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs, Waiting, waiting
 from store.notify import Notifier
 from store.projector import apply_tool
-from store.sessions import Sessions, StoredPart
+from store.sessions import Sessions, StepBasis, StoredPart
 from store.tool_runs import ToolAttempt, ToolRuns
 
 _tracer = trace.get_tracer("sessionflow.store")
@@ -42,6 +42,9 @@ class TurnView:
 
     message_id: str
     message: AssistantMessage | None = None
+    # What the turn's opening found the step would start on: its first batch, which starts
+    # the step, is written on it in one statement (``_append_start``) unless the log moved.
+    basis: StepBasis | None = None
 
 
 @dataclass(frozen=True)
@@ -112,14 +115,20 @@ class Store:
         step_attempt: int | None,
         view: TurnView | None,
     ) -> list[StoredEvent]:
-        message = None
+        message = basis = None
         if view is not None and isinstance(self.writer, PostgresWriter):
             message, view.message = view.message, None  # forgotten unless this batch commits
+            basis, view.basis = view.basis, None  # the first batch's alone: it moves the log
         else:
             view = None  # SQLite's general path runs inline: a view saves it nothing
         projected = any(self.events.has_projector(type(e)) for e in events)
         one_aggregate = {e.aggregate_id for e in events} == {claim.session_id}
-        if (
+        started = None
+        if view is not None and basis is not None and one_aggregate:
+            started = await self._append_start(claim, events, ids, step_attempt, view, basis)
+        if started is not None:
+            stored, message = started
+        elif (
             view is not None
             and message is not None
             and one_aggregate
@@ -190,6 +199,65 @@ class Store:
         if not await self.writer.append(fence, rows, announce, parts=parts):
             raise await self.claims.why_lost(claim, step_attempt)
         return stored
+
+    async def _append_start(
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        ids: list[str],
+        step_attempt: int | None,
+        view: TurnView,
+        basis: StepBasis,
+    ) -> tuple[list[StoredEvent], AssistantMessage] | None:
+        """``_PG_START``: a turn's batch that starts its step, on what the turn's opening read
+        (``basis``): the step's message built here and the batch projected on it, written with
+        the events in one statement while the session's log has not moved. None when this
+        does not apply, or the log moved, or the fence refused it: the general path then
+        writes the batch from what it reads (or says why it cannot)."""
+        if not self._starts_on(basis, view.message_id, events):
+            return None
+        assert isinstance(self.writer, PostgresWriter)
+        rows = self._rows(claim, events, ids)
+        for offset, row in enumerate(rows):  # the statement writes them there or not at all
+            row["seq"] = basis.seq + 1 + offset
+        start = events[0]
+        assert isinstance(start, ev.StepStarted)
+        message = projector.step_message(start, rows[0]["seq"], rows[0]["created"])
+        if not self._parts_only(message, events[1:]):
+            return None
+        placed = [
+            StoredEvent(row["id"], row["aggregate_id"], row["seq"], row["created"], row["type"], e)
+            for row, e in zip(rows[1:], events[1:], strict=True)
+        ]
+        parts = (await projector.project_in_memory(message, placed)).parts
+        params = {
+            **_batch_params(claim, rows, parts, step_attempt),
+            "expected": basis.seq,
+            "mid": message.id,
+            "message_seq": message.seq,
+            "created": rows[0]["created"],
+            "body": projector.message_row(message),
+        }
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed(rows, events))
+
+        if not await self.writer.start_step(params, rows, announce):
+            return None
+        return stored, message
+
+    def _starts_on(self, basis: StepBasis, message_id: str, events: Sequence[Event]) -> bool:
+        """Whether ``events`` start the step of ``message_id`` afresh on ``basis``: no message
+        of that id yet (a retry re-announces its own), none left incomplete to supersede."""
+        start = events[0]
+        return (
+            isinstance(start, ev.StepStarted)
+            and start.assistant_message_id == message_id
+            and self.events.projects_only(ev.StepStarted, (ev.StepStarted,))
+            and not basis.exists
+            and not projector.supersedes(basis.latest)
+        )
 
     def _rows(self, claim: Claim, events: Sequence[Event], ids: list[str]) -> list[dict[str, Any]]:
         rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
@@ -312,6 +380,29 @@ class Store:
         await self.db.dispose()
 
 
+def _batch_params(
+    claim: Claim,
+    rows: list[dict[str, Any]],
+    parts: list[dict[str, Any]],
+    step_attempt: int | None,
+) -> dict[str, Any]:
+    """A batch's parameters as ``_PG_START`` and ``_PG_END_STEP`` take them: the fence, its
+    events, the parts it changed."""
+    return {
+        **fence_params(claim),
+        "attempt": -1 if step_attempt is None else step_attempt,
+        "agg": claim.session_id,
+        "n": len(rows),
+        "ids": [row["id"] for row in rows],
+        "createds": [row["created"] for row in rows],
+        "types": [row["type"] for row in rows],
+        "datas": [row["data"] for row in rows],
+        "positions": [part["position"] for part in parts],
+        "call_ids": [part["call_id"] for part in parts],
+        "parts": [part["body"] for part in parts],
+    }
+
+
 def _end_step_params(
     claim: Claim,
     snapshot: StepSnapshot,
@@ -324,23 +415,13 @@ def _end_step_params(
         ("at", "cost", "input", "output", "reasoning", "cache_read", "cache_write")
     )
     return {
-        **fence_params(claim),
+        **_batch_params(claim, rows, projected.parts, step_attempt),
         **usage,
-        "attempt": step_attempt,
         "phase": phase,
         "version": snapshot.version,
         "mid": snapshot.message.id,
-        "agg": claim.session_id,
-        "n": len(rows),
-        "ids": [row["id"] for row in rows],
-        "createds": [row["created"] for row in rows],
-        "types": [row["type"] for row in rows],
-        "datas": [row["data"] for row in rows],
-        "body": projected.message_row,
+        "body": projected.row,
         "updated": projected.updated,
-        "positions": [part["position"] for part in projected.parts],
-        "call_ids": [part["call_id"] for part in projected.parts],
-        "parts": [part["body"] for part in projected.parts],
         "usage": projected.usage is not None,
     }
 

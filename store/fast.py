@@ -70,13 +70,15 @@ renewed AS (
     AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
   RETURNING 1
 )"""
-_PG_EVENTS = """
+_PG_ALLOCATED = """
 allocated AS (
   INSERT INTO event_sequence (aggregate_id, seq)
   SELECT %(agg)s, %(n)s - 1 FROM renewed
   ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
   RETURNING seq
-), inserted AS (
+)"""
+_PG_INSERTED = """
+inserted AS (
   INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
   SELECT e.id, %(agg)s, a.seq - %(n)s + e.ord, e.created, e.type, e.data, %(eid)s, %(epoch)s
   FROM allocated a,
@@ -84,6 +86,7 @@ allocated AS (
          WITH ORDINALITY AS e(id, created, type, data, ord)
   RETURNING seq
 )"""
+_PG_EVENTS = f"{_PG_ALLOCATED}, {_PG_INSERTED}"
 _PG_APPEND = f"""
 WITH {_PG_RENEWED}, {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS written
@@ -94,19 +97,26 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS w
 # turn's own view of the message, ``projector.project_parts``), the seqs and the events, in one
 # statement. Every writer of a session renews its claim row first, so they take the rows
 # after it one at a time.
-_PG_PART_ROWS = """
+
+
+def _pg_part_rows(after: str) -> str:
+    """The changed parts' rows, written only once the CTE ``after`` (the fence, or what came
+    after it) returned a row."""
+    return f"""
 parts AS (
   INSERT INTO session_part (message_id, position, session_id, call_id, data)
   SELECT %(mid)s, p.position, %(sid)s, p.call_id, p.data
-  FROM renewed,
+  FROM {after},
        unnest(%(positions)s::int[], %(call_ids)s::text[], %(parts)s::text[])
          AS p(position, call_id, data)
   ON CONFLICT (message_id, position)
     DO UPDATE SET call_id = excluded.call_id, data = excluded.data
   RETURNING 1
 )"""
+
+
 _PG_PARTS = f"""
-WITH {_PG_RENEWED}, {_PG_PART_ROWS}, {_PG_EVENTS}
+WITH {_PG_RENEWED}, {_pg_part_rows("renewed")}, {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS parts
 """
 
@@ -144,6 +154,25 @@ WITH renewed AS (
 SELECT (SELECT seq FROM inserted)
 """
 
+# A turn's first batch, which starts its step (``Store.append`` with a ``TurnView`` carrying the
+# opening's ``StepBasis``): the fence; the seqs, only while the session's log is still at the seq
+# the opening read (every projection moves it, so the step starts on what the opening found);
+# the events; the step's new message and the parts the batch changed (built and projected by the
+# caller). A log that moved writes nothing but the renewal, as any fenced append renews.
+_PG_START = f"""
+WITH {_PG_RENEWED}, allocated AS (
+  UPDATE event_sequence SET seq = seq + %(n)s
+  WHERE aggregate_id = %(agg)s AND seq = %(expected)s AND EXISTS (SELECT 1 FROM renewed)
+  RETURNING seq
+), {_PG_INSERTED}, message AS (
+  INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data)
+  SELECT %(mid)s, %(sid)s, 'assistant', %(message_seq)s, %(created)s, %(created)s, %(body)s
+  FROM allocated
+  RETURNING 1
+), {_pg_part_rows("allocated")}
+SELECT (SELECT seq FROM allocated) AS last
+"""
+
 # A step's assistant message as its end reads it (``Store.step_snapshot``), first the version of
 # the session's claim row: ``xmin``, the transaction that last wrote the row. Every fenced write
 # renews that row in its own transaction, so a write fenced on the version too (``_PG_END_STEP``)
@@ -173,7 +202,7 @@ WITH renewed AS (
     AND expires_at > {_PG_NOW} AND step_attempt <= %(attempt)s
     AND xmin = %(version)s::xid
   RETURNING 1
-), {_PG_EVENTS}, {_PG_PART_ROWS}, message AS (
+), {_PG_EVENTS}, {_pg_part_rows("renewed")}, message AS (
   UPDATE session_message SET data = %(body)s, time_updated = %(updated)s::bigint
   WHERE id = %(mid)s AND session_id = %(sid)s AND %(body)s::text IS NOT NULL
     AND EXISTS (SELECT 1 FROM allocated)
@@ -447,6 +476,14 @@ class PostgresWriter:
             params["call_ids"] = [part["call_id"] for part in parts]
             params["parts"] = [part["body"] for part in parts]
         row = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
+        return row is not None
+
+    async def start_step(
+        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> bool:
+        """``_PG_START``, seqs assigned to ``rows``; False if the fence refused it or the log
+        had moved (nothing written but the renewal)."""
+        row = await retry_conflicts(lambda: self._attempt(_PG_START, params, rows, on_commit))
         return row is not None
 
     async def end_step(

@@ -269,7 +269,7 @@ async def _write_back(tx: Tx) -> None:
     for entry in _messages(tx).values():
         message = entry.message
         if entry.updated is not None:
-            params = {"mid": message.id, "updated": entry.updated, "body": _message_row(message)}
+            params = {"mid": message.id, "updated": entry.updated, "body": message_row(message)}
             await _WRITE_BACK.rows(tx.conn, tx.dialect, params)
             entry.updated = None
         if entry.changed_parts:
@@ -278,7 +278,7 @@ async def _write_back(tx: Tx) -> None:
             entry.changed_parts.clear()
 
 
-def _message_row(message: Any) -> str:
+def message_row(message: Any) -> str:
     """A message as its own row stores it: an assistant message without its parts."""
     if isinstance(message, AssistantMessage):
         return codec.dump_model(message, exclude={"content"})
@@ -313,7 +313,7 @@ async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
         "kind": message.type,
         "message_seq": message.seq,
         "created": stored.created,
-        "body": _message_row(message),
+        "body": message_row(message),
     }
     if await _INSERT_MESSAGE.first(tx.conn, tx.dialect, params) is None:
         raise LifecycleConflictError(message.id, "a message with this id already exists")
@@ -598,15 +598,28 @@ async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> N
     if previous is not None:  # a newer step supersedes an older message that never completed
         previous.time_completed = stored.created
         await _save_message(tx, stored, previous)
-    message = AssistantMessage(
+    await _insert_message(tx, stored, step_message(event, stored.seq, stored.created))
+
+
+def step_message(event: ev.StepStarted, seq: int, created: int) -> AssistantMessage:
+    """The assistant message a new step starts (at its ``step.started``'s seq and time)."""
+    return AssistantMessage(
         id=event.assistant_message_id,
         session_id=event.session_id,
-        seq=stored.seq,
-        time_created=stored.created,
+        seq=seq,
+        time_created=created,
         agent=event.agent,
         model=event.model,
     )
-    await _insert_message(tx, stored, message)
+
+
+def supersedes(latest: str | None) -> bool:
+    """Whether a new step would complete the latest assistant message, from that message's own
+    row (``data``; None without one): it never completed."""
+    if latest is None:
+        return False
+    head = codec.load_model(MESSAGE_ADAPTER, latest)
+    return isinstance(head, AssistantMessage) and _incomplete(head)
 
 
 async def _step_opening(
@@ -893,7 +906,7 @@ class Projected:
     unchanged), the rows of the parts that changed, and the session's usage to add (the
     parameters of ``_ADD_USAGE``; None when there is none)."""
 
-    message_row: str | None
+    row: str | None
     updated: int | None
     parts: list[dict[str, Any]]
     usage: dict[str, Any] | None
@@ -910,7 +923,7 @@ async def project_in_memory(message: AssistantMessage, stored: Sequence[StoredEv
         if handler is not None:
             await handler(tx, event, event.data)
     return Projected(
-        message_row=None if entry.updated is None else _message_row(message),
+        row=None if entry.updated is None else message_row(message),
         updated=entry.updated,
         parts=[_part_row(message, position) for position in sorted(entry.changed_parts)],
         usage=tx.cache.get(_USAGE),

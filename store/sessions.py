@@ -20,7 +20,7 @@ from store.db import Database, Tx
 from store.events import EventStore
 from store.prepared import Prepared
 from store.projector import PART_ADAPTER
-from store.schema import input_table, message_table, part_table, session_table
+from store.schema import input_table, message_table, part_table, sequence_table, session_table
 
 DEFAULT_LIST_LIMIT = 100
 _s = session_table.c
@@ -50,6 +50,19 @@ class Pending:
     compaction: bool  # a pending compaction: the barrier in front of every prompt
     steer: bool
     queue: bool
+
+
+@dataclass(frozen=True)
+class StepBasis:
+    """What a step's start would find, as a turn's opening read it under the claim: the
+    session's last seq, whether the step's message exists (in any session: ids are unique),
+    and the latest assistant message's own row (None without one). Every projection moves the
+    session's seq, so while it is still ``seq`` a start finds the same (``Store.append`` with
+    a ``TurnView`` carrying it)."""
+
+    seq: int
+    exists: bool
+    latest: str | None
 
 
 class Sessions:
@@ -100,17 +113,22 @@ class Sessions:
             raise SessionNotFoundError(session_id)
         return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))
 
-    async def opening(self, tx: Tx, session_id: str) -> tuple[SessionInfo, Pending]:
-        """The session and what waits to be promoted, in one statement inside ``tx``: a turn's
-        opening, which promotes only what this says is there (no read per delivery)."""
+    async def opening(
+        self, tx: Tx, session_id: str, message_id: str
+    ) -> tuple[SessionInfo, Pending, StepBasis]:
+        """The session, what waits to be promoted and what the step of ``message_id`` would
+        start on, in one statement inside ``tx``: a turn's opening, which promotes only what
+        this says is there (no read per delivery)."""
         validate_id(session_id)
-        row = await _OPENING.first(tx.conn, tx.dialect, {"sid": session_id})
+        params = {"sid": session_id, "mid": message_id}
+        row = await _OPENING.first(tx.conn, tx.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
         columns, flags = row[: len(_SESSION_COLUMNS)], row[len(_SESSION_COLUMNS) :]
         info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
-        compaction, steer, queue = (bool(flag) for flag in flags)
-        return info, Pending(compaction=compaction, steer=steer, queue=queue)
+        compaction, steer, queue, seq, exists, latest = flags
+        pending = Pending(compaction=bool(compaction), steer=bool(steer), queue=bool(queue))
+        return info, pending, StepBasis(int(seq), bool(exists), latest)
 
     async def list(
         self,
@@ -195,15 +213,34 @@ def _waiting(*conditions: Any) -> Any:
     )
 
 
+_m, _p = message_table.c, part_table.c
+
+
+def _latest_assistant(column: Any) -> Any:
+    return (
+        sa.select(column)
+        .where(_m.session_id == sa.bindparam("sid"), _m.type == "assistant")
+        .order_by(_m.seq.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
 _OPENING = Prepared(
     lambda _dialect: sa.select(
         session_table,
         _waiting(_i.type == "compaction").label("compaction_pending"),
         _waiting(_i.type == "prompt", _i.delivery == "steer").label("steer_pending"),
         _waiting(_i.type == "prompt", _i.delivery == "queue").label("queue_pending"),
+        # The step's basis (``StepBasis``).
+        sa.select(sequence_table.c.seq)
+        .where(sequence_table.c.aggregate_id == sa.bindparam("sid"))
+        .scalar_subquery()
+        .label("last_seq"),
+        sa.exists().where(_m.id == sa.bindparam("mid")).label("message_exists"),
+        _latest_assistant(_m.data).label("latest_assistant"),
     ).where(_s.id == sa.bindparam("sid"))
 )
-_m, _p = message_table.c, part_table.c
 # Every message in seq order, each followed by its parts in order, in one statement.
 _MESSAGES = Prepared(
     lambda _dialect: sa.union_all(

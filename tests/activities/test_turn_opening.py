@@ -62,6 +62,7 @@ async def test_an_opening_with_nothing_pending_takes_three_statements(
     with statements(store) as sent:
         begun = await _begin(store, claim)
     assert (begun.step, begun.index) == (2, 0)
+    assert begun.basis.seq == await store.events.latest_sequence(sid)
     assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
     if store.db.dialect == "postgresql":
         # renew + phase; the session with what waits; the request count
@@ -81,6 +82,9 @@ async def test_an_opening_promotes_the_queued_prompt_then_the_steers(
     pending = {r.id for r in await store.inputs.pending(sid)}
     assert queued.id not in pending and steer.id not in pending and len(pending) == 1
     assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
+    # What the step starts on: the log as the opening left it, its promotions included.
+    assert begun.basis.seq == await store.events.latest_sequence(sid)
+    assert (begun.basis.exists, begun.basis.latest) == (False, None)
 
 
 async def test_an_opening_promotes_nothing_behind_a_compaction(
