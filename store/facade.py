@@ -22,7 +22,7 @@ from store.fast import PostgresWriter, SqliteWriter
 from store.inputs import Inputs, Waiting, waiting
 from store.notify import Notifier
 from store.projector import apply_tool
-from store.sessions import Sessions, StepBasis, StoredPart
+from store.sessions import Sessions, StepBasis, StoredPart, TurnSnapshot
 from store.tool_runs import ToolAttempt, ToolRuns
 
 _tracer = trace.get_tracer("sessionflow.store")
@@ -323,6 +323,29 @@ class Store:
             return None
         return stored[0]
 
+    async def open_turn(
+        self,
+        claim: Claim,
+        snapshot: TurnSnapshot,
+        *,
+        step_attempt: int,
+        phase: tuple[Phase, str | None],
+    ) -> int | None:
+        """A turn's opening that writes nothing but its fence (with ``step_attempt``, recording
+        ``phase``) and the request's count, in one statement (``_PG_OPEN_TURN``), decided from
+        ``snapshot``: the request's 0-based index. None when nothing was written: the fence
+        refused it, or a fenced write came after the snapshot."""
+        assert isinstance(self.writer, PostgresWriter)
+        params = {
+            **fence_params(claim),
+            "attempt": step_attempt,
+            "phase": phase[0],
+            "mid": phase[1],
+            "version": snapshot.version,
+        }
+        count = await self.writer.open_turn(params)
+        return None if count is None else count - 1
+
     async def step_snapshot(self, session_id: str, message_id: str) -> StepSnapshot | None:
         """On PostgreSQL, the step's message read in one statement with its claim row's version
         (``_PG_STEP_READ``), for ``end_step``. None on SQLite, where the general path runs
@@ -452,12 +475,14 @@ async def open_store(
         db, notifier, max_event_bytes=settings.max_event_bytes, poll_interval=poll_ms / 1000
     )
     projector.install(events)
+    writer = PostgresWriter(db) if postgres else SqliteWriter(db)
+    fetch = writer.fetch_prepared if isinstance(writer, PostgresWriter) else None
     return Store(
         db=db,
         notifier=notifier,
         events=events,
         claims=Claims(db, lease_ms=settings.lease_ms),
         inputs=Inputs(db, events),
-        sessions=Sessions(db, events),
-        writer=SqliteWriter(db) if db.dialect == "sqlite" else PostgresWriter(db),
+        sessions=Sessions(db, events, fetch=fetch),
+        writer=writer,
     )

@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
 from store.dialect import store_error
 from store.events import unique_violation_error
+from store.prepared import Prepared
 
 IDLE = TransactionStatus.IDLE
 Connection = psycopg.AsyncConnection[Any]
@@ -173,6 +174,32 @@ WITH {_PG_RENEWED}, allocated AS (
 SELECT (SELECT seq FROM allocated) AS last
 """
 
+# The fence of a write decided from a read made outside any transaction (``_PG_STEP_READ``,
+# ``Sessions.turn_snapshot``): with the step's attempt, recording the phase as ``record_phase``
+# does, and only while the claim row is still the version that read saw.
+_PG_RENEWED_AS_READ = f"""
+renewed AS (
+  UPDATE session_execution
+  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
+    step_attempt = %(attempt)s, phase = %(phase)s, assistant_message_id = %(mid)s
+  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
+    AND expires_at > {_PG_NOW} AND step_attempt <= %(attempt)s
+    AND xmin = %(version)s::xid
+  RETURNING 1
+)"""
+
+# A turn's opening (``Store.open_turn``), decided from what ``Store.turn_snapshot`` read: the
+# fence, with the step's attempt and the claim row's version as read (``_PG_STEP_READ``), records
+# that a model call is in flight, and the session counts the request.
+_PG_OPEN_TURN = f"""
+WITH {_PG_RENEWED_AS_READ}, counted AS (
+  UPDATE session SET request_count = request_count + 1
+  WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM renewed)
+  RETURNING request_count
+)
+SELECT (SELECT request_count FROM counted)
+"""
+
 # A step's assistant message as its end reads it (``Store.step_snapshot``), first the version of
 # the session's claim row: ``xmin``, the transaction that last wrote the row. Every fenced write
 # renews that row in its own transaction, so a write fenced on the version too (``_PG_END_STEP``)
@@ -194,15 +221,7 @@ ORDER BY position
 # ``Inputs.waiting`` reads it). What comes after the fence writes only if it renewed, so a
 # refused end writes nothing at all.
 _PG_END_STEP = f"""
-WITH renewed AS (
-  UPDATE session_execution
-  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
-    step_attempt = %(attempt)s, phase = %(phase)s, assistant_message_id = %(mid)s
-  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
-    AND expires_at > {_PG_NOW} AND step_attempt <= %(attempt)s
-    AND xmin = %(version)s::xid
-  RETURNING 1
-), {_PG_EVENTS}, {_pg_part_rows("renewed")}, message AS (
+WITH {_PG_RENEWED_AS_READ}, {_PG_EVENTS}, {_pg_part_rows("renewed")}, message AS (
   UPDATE session_message SET data = %(body)s, time_updated = %(updated)s::bigint
   WHERE id = %(mid)s AND session_id = %(sid)s AND %(body)s::text IS NOT NULL
     AND EXISTS (SELECT 1 FROM allocated)
@@ -436,6 +455,7 @@ def _usable(conn: Connection) -> bool:
 
 class PostgresWriter:
     """A few dedicated autocommit connections: the append is one statement, one round trip.
+    The store's hot reads of one statement run here too (``fetch``), without SQLAlchemy.
 
     One statement is one transaction, so no BEGIN/COMMIT; a pooled SQLAlchemy connection
     would add a pre-ping and a reset round trip to every append.
@@ -494,14 +514,34 @@ class PostgresWriter:
         return await retry_conflicts(lambda: self._attempt(_PG_END_STEP, params, rows, on_commit))
 
     async def read_step(self, session_id: str, message_id: str) -> list[tuple[Any, ...]]:
-        """``_PG_STEP_READ``'s rows: one statement, its own snapshot, no transaction."""
+        """``_PG_STEP_READ``'s rows."""
+        return await self.fetch(_PG_STEP_READ, {"sid": session_id, "mid": message_id})
+
+    async def fetch_prepared(
+        self, statement: Prepared, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """``statement`` (as PostgreSQL compiles it) read as ``fetch`` reads."""
+        compiled = statement.compiled("postgresql")
+        return await self.fetch(compiled.sql, {**compiled.defaults, **params})
+
+    async def fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """A read of one statement: its own snapshot, no transaction, no SQLAlchemy."""
         try:
             async with self._pool.connection() as conn:
-                params = {"sid": session_id, "mid": message_id}
-                cursor = await conn.execute(_PG_STEP_READ, params, prepare=True)
+                cursor = await conn.execute(sql, params, prepare=True)
                 return await cursor.fetchall()
         except psycopg.Error as error:
             _raise_typed(error, [])
+
+    async def open_turn(self, params: dict[str, Any]) -> int | None:
+        """``_PG_OPEN_TURN``: the request's count, or None if the fence refused it (nothing
+        written)."""
+
+        async def attempt() -> int | None:
+            rows = await self.fetch(_PG_OPEN_TURN, params)
+            return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+        return await retry_conflicts(attempt)
 
     async def _attempt(
         self, sql: str, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit

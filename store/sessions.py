@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +21,14 @@ from store.db import Database, Tx
 from store.events import EventStore
 from store.prepared import Prepared
 from store.projector import PART_ADAPTER
-from store.schema import input_table, message_table, part_table, sequence_table, session_table
+from store.schema import (
+    execution_table,
+    input_table,
+    message_table,
+    part_table,
+    sequence_table,
+    session_table,
+)
 
 DEFAULT_LIST_LIMIT = 100
 _s = session_table.c
@@ -65,10 +73,37 @@ class StepBasis:
     latest: str | None
 
 
+@dataclass(frozen=True)
+class TurnSnapshot:
+    """A turn's opening read outside any transaction (``Sessions.turn_snapshot``): what
+    ``Sessions.opening`` reads, and the version of the session's claim row then, which a write
+    decided from it fences on (``Store.open_turn``)."""
+
+    session: SessionInfo
+    pending: Pending
+    basis: StepBasis
+    version: str
+
+
+# A read of one statement's rows (``PostgresWriter.fetch_prepared``).
+Fetch = Callable[[Prepared, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+
+
 class Sessions:
-    def __init__(self, db: Database, events: EventStore) -> None:
+    """``fetch``: how a read of one statement runs without SQLAlchemy (on PostgreSQL, over the
+    hot path's own connections: no pool checkout, no async bridge); without it, in a read of
+    its own."""
+
+    def __init__(self, db: Database, events: EventStore, *, fetch: Fetch | None = None) -> None:
         self.db = db
         self.events = events
+        self.fetch = fetch
+
+    async def _read(self, statement: Prepared, params: dict[str, Any]) -> list[Any]:
+        if self.fetch is not None:
+            return await self.fetch(statement, params)
+        async with self.db.read(single=True) as conn:
+            return await statement.rows(conn, self.db.dialect, params)
 
     async def create(
         self,
@@ -107,8 +142,7 @@ class Sessions:
         if tx is not None:
             row = await _SESSION.first(tx.conn, self.db.dialect, params)
         else:
-            async with self.db.read(single=True) as conn:
-                row = await _SESSION.first(conn, self.db.dialect, params)
+            row = next(iter(await self._read(_SESSION, params)), None)
         if row is None:
             raise SessionNotFoundError(session_id)
         return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))
@@ -124,11 +158,22 @@ class Sessions:
         row = await _OPENING.first(tx.conn, tx.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
-        columns, flags = row[: len(_SESSION_COLUMNS)], row[len(_SESSION_COLUMNS) :]
-        info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
-        compaction, steer, queue, seq, exists, latest = flags
-        pending = Pending(compaction=bool(compaction), steer=bool(steer), queue=bool(queue))
-        return info, pending, StepBasis(int(seq), bool(exists), latest)
+        return _opening(row)
+
+    async def turn_snapshot(self, session_id: str, message_id: str) -> TurnSnapshot | None:
+        """What ``opening`` reads, outside any transaction, with the claim row's version; on
+        PostgreSQL only (None elsewhere, or when the session has no claim)."""
+        if self.fetch is None or self.db.dialect != "postgresql":
+            return None
+        validate_id(session_id)
+        params = {"sid": session_id, "mid": message_id}
+        row = next(iter(await self.fetch(_TURN_SNAPSHOT, params)), None)
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        *opened, version = row
+        if version is None:
+            return None
+        return TurnSnapshot(*_opening(opened), version=str(version))
 
     async def list(
         self,
@@ -166,8 +211,7 @@ class Sessions:
         its call.
         """
         params = {"mid": message_id, "sid": session_id, "cid": call_id}
-        async with self.db.read(single=True) as conn:
-            row = await _TOOL_PART.first(conn, self.db.dialect, params)
+        row = next(iter(await self._read(_TOOL_PART, params)), None)
         return _tool_part(None if row is None else row[0])
 
     async def tool_call(
@@ -177,8 +221,7 @@ class Sessions:
         a tool activity reads before it runs)."""
         validate_id(session_id)
         params = {"sid": session_id, "mid": message_id, "cid": call_id}
-        async with self.db.read(single=True) as conn:
-            row = await _SESSION_AND_TOOL_PART.first(conn, self.db.dialect, params)
+        row = next(iter(await self._read(_SESSION_AND_TOOL_PART, params)), None)
         if row is None:
             raise SessionNotFoundError(session_id)
         *columns, position, data = row
@@ -189,8 +232,7 @@ class Sessions:
     async def messages(self, session_id: str) -> builtins.list[Message]:
         """The projected history, in seq order."""
         validate_id(session_id)
-        async with self.db.read(single=True) as conn:
-            rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
+        rows = await self._read(_MESSAGES, {"sid": session_id})
         messages: builtins.list[Message] = []
         for _seq, position, data in rows:  # each message, then its parts (one snapshot)
             if position == -1:
@@ -226,8 +268,8 @@ def _latest_assistant(column: Any) -> Any:
     )
 
 
-_OPENING = Prepared(
-    lambda _dialect: sa.select(
+def _opening_query() -> Any:
+    return sa.select(
         session_table,
         _waiting(_i.type == "compaction").label("compaction_pending"),
         _waiting(_i.type == "prompt", _i.delivery == "steer").label("steer_pending"),
@@ -240,7 +282,30 @@ _OPENING = Prepared(
         sa.exists().where(_m.id == sa.bindparam("mid")).label("message_exists"),
         _latest_assistant(_m.data).label("latest_assistant"),
     ).where(_s.id == sa.bindparam("sid"))
+
+
+_OPENING = Prepared(lambda _dialect: _opening_query())
+# PostgreSQL only: the claim row's version (``xmin``: the transaction that last wrote it).
+_TURN_SNAPSHOT = Prepared(
+    lambda _dialect: _opening_query().add_columns(
+        sa.select(sa.literal_column("session_execution.xmin::text"))
+        .select_from(execution_table)
+        .where(execution_table.c.session_id == sa.bindparam("sid"))
+        .scalar_subquery()
+        .label("claim_version")
+    )
 )
+
+
+def _opening(row: Sequence[Any]) -> tuple[SessionInfo, Pending, StepBasis]:
+    """``opening``'s answer from its statement's row."""
+    columns, flags = row[: len(_SESSION_COLUMNS)], row[len(_SESSION_COLUMNS) :]
+    info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
+    compaction, steer, queue, seq, exists, latest = flags
+    pending = Pending(compaction=bool(compaction), steer=bool(steer), queue=bool(queue))
+    return info, pending, StepBasis(int(seq), bool(exists), latest)
+
+
 # Every message in seq order, each followed by its parts in order, in one statement.
 _MESSAGES = Prepared(
     lambda _dialect: sa.union_all(
