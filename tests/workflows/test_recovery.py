@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -147,7 +150,8 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
         sid = await h.session([{"text": "x" * 400, "chunks": 400, "delay_ms": 20}])
         await h.client.prompt(sid, "Go")
         await h.until(lambda: _deltas(h, sid, 20))
-        paused.signal(signal.SIGSTOP)
+        async with _outside_a_write(target):
+            paused.signal(signal.SIGSTOP)
         await h.until(lambda: _expired_any(h.store, sid), timeout=30)
         stale = await h.store.claims.current(sid)
         assert stale is not None
@@ -161,6 +165,26 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
         assert successor.epoch == stale.epoch + 1
         current = await h.store.claims.current(sid)
         assert current is not None and current.execution_id == "exec_successor"
+
+
+@contextlib.asynccontextmanager
+async def _outside_a_write(target: Target) -> AsyncIterator[None]:
+    """On SQLite, hold the file's write lock meanwhile: a worker stopped inside a write would
+    keep the lock, and with it every other writer out (the takeover included), until it
+    resumes. The worker may be stopped waiting for the lock, holding nothing. PostgreSQL's
+    server ends a stopped client's transaction itself (its idle bound, lease / 2)."""
+    if target.backend != "sqlite":
+        yield
+        return
+    path = target.url.removeprefix("sqlite+aiosqlite:///")
+    connect = partial(sqlite3.connect, timeout=30, isolation_level=None, check_same_thread=False)
+    lock = await asyncio.to_thread(connect, path)
+    try:
+        await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")
+        yield
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
 
 
 def _idle(h: Harness, sid: str):  # type: ignore[no-untyped-def]
@@ -335,7 +359,8 @@ async def test_a_paused_worker_stops_its_tool_processes_once_its_renewal_is_refu
         await h.client.prompt(sid, "Go")
         await h.until(lambda: _recorded_in(records, _live_with(f"sleep {marker}")), timeout=30)
         tool = _live_with(f"sleep {marker}")
-        paused.signal(signal.SIGSTOP)
+        async with _outside_a_write(target):
+            paused.signal(signal.SIGSTOP)
         await h.until(lambda: _expired_any(h.store, sid), timeout=30)
         stale = await h.store.claims.current(sid)
         assert stale is not None
