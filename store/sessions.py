@@ -309,9 +309,7 @@ def _opening(row: Sequence[Any]) -> tuple[SessionInfo, Pending, StepBasis]:
     info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
     compaction, steer, queue, seq, exists, latest = flags
     pending = Pending(compaction=bool(compaction), steer=bool(steer), queue=bool(queue))
-    # A session without a log row yet (none is made so) would have its first event at seq 0.
-    last = -1 if seq is None else int(seq)
-    return info, pending, StepBasis(last, bool(exists), latest)
+    return info, pending, StepBasis(int(seq), bool(exists), latest)
 
 
 # Every message in seq order, each followed by its parts in order, in one statement.
