@@ -15,6 +15,7 @@ from temporalio.worker import Worker
 
 from sessionflow.client import ClientEvent, SessionClient
 from store import Store
+from store.events import StoredEvent
 from tests.invariants import check_store
 from tests.workflows.tools import Gate, registry
 from worker import build_worker
@@ -124,3 +125,12 @@ async def harness(
     else:
         yield running
     await check_store(store, allowed=breaks)
+
+
+async def follow_busy_period(store: Store, sid: str, into: list[StoredEvent]) -> None:
+    """Follow ``sid`` live from its first event until its busy period succeeds."""
+    async for item in store.events.log(sid, follow=True):
+        if isinstance(item, StoredEvent):
+            into.append(item)
+            if item.data.type == "session.execution.succeeded":
+                return

@@ -21,7 +21,7 @@ from store import Store
 from store.events import StoredEvent
 from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
-from tests.workflows.harness import call, harness
+from tests.workflows.harness import call, follow_busy_period, harness
 from tests.workflows.workers import WorkerProcess
 
 SESSIONS = 12
@@ -62,7 +62,7 @@ async def test_two_worker_processes_share_the_sessions_and_duplicate_nothing(
             ]
             sids = [await h.session(*turns, [{"text": "Done."}]) for _ in range(SESSIONS)]
             followed: list[StoredEvent] = []
-            reader = asyncio.create_task(_follow(store, sids[0], followed))
+            reader = asyncio.create_task(follow_busy_period(store, sids[0], followed))
             await asyncio.gather(*(h.client.prompt(sid, "Go") for sid in sids))
             await asyncio.gather(*(h.client.wait_idle(sid, timeout=120) for sid in sids))
             await asyncio.wait_for(reader, 30)
@@ -87,15 +87,6 @@ async def test_two_worker_processes_share_the_sessions_and_duplicate_nothing(
             assert wal.stat().st_size < 64 * 2**20
     finally:
         await store.close()
-
-
-async def _follow(store: Store, sid: str, into: list[StoredEvent]) -> None:
-    """Follow ``sid`` from its first event until its busy period ends."""
-    async for item in store.events.log(sid, follow=True):
-        if isinstance(item, StoredEvent):
-            into.append(item)
-            if item.data.type == "session.execution.succeeded":
-                return
 
 
 async def _failed_activities(env: WorkflowEnvironment, sid: str) -> list[str]:

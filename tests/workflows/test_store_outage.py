@@ -16,14 +16,13 @@ import pytest
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
-from store import Store
 from store.events import StoredEvent
 from tests.conftest import Target
 from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.pgcluster import Cluster
 from tests.store.conftest import allow_connections, libpq, refuse_connections
 from tests.store.test_disk_full import fill, tiny_disk
-from tests.workflows.harness import Harness, call, harness
+from tests.workflows.harness import Harness, call, follow_busy_period, harness
 
 OUTAGE_S = 3  # how long each spell lasts once the drain has run into it
 OUTAGE_RETRY = "The database is unavailable, retrying"  # activities.runtime.through_outages
@@ -146,7 +145,7 @@ async def test_a_drain_rides_out_its_postgres_server_restarting_mid_stream_and_m
                 [{"text": "done"}],
             )
             followed: list[StoredEvent] = []
-            follower = asyncio.create_task(_follow(follower_store, sid, followed))
+            follower = asyncio.create_task(follow_busy_period(follower_store, sid, followed))
             await h.client.prompt(sid, "Go")
             await h.until(lambda: _has(h, sid, "session.text.delta"), timeout=30)
 
@@ -192,15 +191,6 @@ async def test_a_drain_rides_out_its_postgres_server_restarting_mid_stream_and_m
     assert len(cut) <= 1 and all("database is unavailable" in m for m in cut), cut
     text = "".join(getattr(e.data, "text", "") for e in log if e.data.type == "session.text.ended")
     assert text.startswith("before ") and text.endswith("continuingdone"), text
-
-
-async def _follow(store: Store, sid: str, into: list[StoredEvent]) -> None:
-    """Follow ``sid`` live from its first event until its busy period ends."""
-    async for item in store.events.log(sid, follow=True):
-        if isinstance(item, StoredEvent):
-            into.append(item)
-            if item.data.type == "session.execution.succeeded":
-                return
 
 
 @contextlib.asynccontextmanager
