@@ -8,6 +8,7 @@ because Temporal delivers activities at least once.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from temporalio import activity
@@ -52,6 +53,7 @@ from sessionflow.models.messages import (
 from sessionflow.models.permissions import PermissionReply
 from store.claims import Phase, Recovery
 from store.db import Tx
+from store.inputs import Waiting
 from store.projector import load_message
 
 __all__ = ["BUDGET_MESSAGE", "RESTART_TEXT", "SessionActivities"]
@@ -260,13 +262,38 @@ class SessionActivities:
                 return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
             if turn.lost is not None:
                 return await self._close_lost(tx, request, message, turn.lost)
-            return await self._settle(tx, request, message)
+            return await self._write(tx, request, message, self._settlement(request, message))
 
         async with translated():
+            if turn.lost is None:
+                ended = await self._end_at_once(request)
+                if ended is not None:
+                    return ended
             result: FinishStepResult = await self.store.claims.run_fenced(
                 claim, finish, step_attempt=request.attempt
             )
             return result
+
+    async def _end_at_once(self, request: FinishStepInput) -> FinishStepResult | None:
+        """The usual end of a step on PostgreSQL in two statements instead of a transaction of
+        nine: the message read, then the settlement decided from it written in one statement
+        (``Store.end_step``), which applies only if no fenced write came between. None when
+        this path does not apply and nothing was written: the general path then settles it."""
+        claim = to_claim(request.claim)
+        mid = request.turn.assistant_message_id
+        snapshot = await self.store.step_snapshot(claim.session_id, mid)
+        if snapshot is None or not isinstance(snapshot.message, AssistantMessage):
+            return None
+        plan = self._settlement(request, snapshot.message)
+        fresh = [event for event in plan.events if not isinstance(event, tuple)]
+        if plan.phase is None or plan.hold_until is not None or len(fresh) < len(plan.events):
+            return None  # nothing to write, a hold, or events with fixed ids to look up first
+        waiting = await self.store.end_step(
+            claim, snapshot, fresh, step_attempt=request.attempt, phase=plan.phase
+        )
+        if waiting is None:
+            return None
+        return _with_pending(plan.result, waiting) if plan.ask_pending else plan.result
 
     async def _close_lost(
         self, tx: Tx, request: FinishStepInput, message: AssistantMessage, lost: SessionError
@@ -284,36 +311,40 @@ class SessionActivities:
         await self.store.claims.record_phase(tx, to_claim(request.claim), phase, message.id)
         return restarted if request.restart else spent
 
-    async def _settle(
-        self, tx: Tx, request: FinishStepInput, message: AssistantMessage
+    async def _write(
+        self, tx: Tx, request: FinishStepInput, message: AssistantMessage, plan: _Settlement
     ) -> FinishStepResult:
+        """Write ``plan`` in the fenced ``tx``."""
+        if plan.phase is None:
+            return plan.result
+        claim = to_claim(request.claim)
+        await self.store.events.publish_many(plan.events, tx=tx)
+        await self.store.claims.record_phase(tx, claim, plan.phase, message.id)
+        if plan.hold_until is not None:
+            await self.store.claims.extend_until(tx, claim, plan.hold_until)
+        if not plan.ask_pending:
+            return plan.result
+        waiting = await self.store.inputs.waiting(message.session_id, tx=tx)
+        return _with_pending(plan.result, waiting)
+
+    def _settlement(self, request: FinishStepInput, message: AssistantMessage) -> _Settlement:
+        """How the step ends, decided from its message alone (no I/O), so that either path
+        can write it."""
         turn = request.turn
         if message.time_completed is not None and message.finish is not None:
             # Already settled by an earlier attempt of this activity: settle once.
-            return FinishStepResult(
-                ended=message.error is None,
-                failure=message.error,
-                needs_continuation=bool(turn.calls) and message.error is None,
+            return _Settlement(
+                FinishStepResult(
+                    ended=message.error is None,
+                    failure=message.error,
+                    needs_continuation=bool(turn.calls) and message.error is None,
+                )
             )
+        if request.retry_at_ms is not None and turn.raw_error is not None:
+            return _retry(request, message)
         unsettled = [p for p in message.content if isinstance(p, ToolPart) and not p.settled]
         events: list[ev.Event | tuple[ev.Event, str]] = []
         failure = turn.step_failure
-        if request.retry_at_ms is not None and turn.raw_error is not None:
-            attempt = request.retry_attempt or 2
-            retry = ev.RetryScheduled(
-                session_id=message.session_id,
-                assistant_message_id=message.id,
-                attempt=attempt,
-                at=request.retry_at_ms,
-                error=turn.raw_error,
-            )
-            # A fixed id: a retried activity records the retry once.
-            await self.store.events.publish(retry, id=f"evt_{message.id}_retry_{attempt}", tx=tx)
-            claim = to_claim(request.claim)
-            await self.store.claims.record_phase(tx, claim, "continue", message.id)
-            # Nothing renews the claim while the workflow waits: hold it past the retry.
-            await self.store.claims.extend_until(tx, claim, request.retry_at_ms + claim.lease_ms)
-            return FinishStepResult(ended=False)
         rejected = _permission_rejected(message)
         if request.interrupted:
             events += _settle_asks(message, unsettled, request.replies)
@@ -328,38 +359,14 @@ class SessionActivities:
             events += [_tool_failed(message, p, failure) for p in unsettled]
         else:
             failure = self._sweep(message, unsettled, turn, events, failure)
-        if failure is not None:
-            events.append(
-                ev.StepFailed(
-                    session_id=message.session_id,
-                    assistant_message_id=message.id,
-                    error=failure,
-                    cost=turn.cost if turn.finish else None,
-                    tokens=turn.tokens if turn.finish else None,
-                )
-            )
-        elif turn.finish is not None:
-            events.append(
-                ev.StepEnded(
-                    session_id=message.session_id,
-                    assistant_message_id=message.id,
-                    finish=turn.finish,
-                    cost=turn.cost,
-                    tokens=turn.tokens or Tokens(),
-                    files=step_files(p for p in message.content if isinstance(p, ToolPart)),
-                )
-            )
-        await self.store.events.publish_many(events, tx=tx)
+        events += _step_end(message, turn, failure)
         needs = bool(turn.calls) and not turn.provider_failed and failure is None
-        phase: Phase = "continue" if needs else "ready"
-        await self.store.claims.record_phase(tx, to_claim(request.claim), phase, message.id)
-        pending = None
-        if not needs and not request.interrupted:
+        return _Settlement(
+            FinishStepResult(ended=failure is None, failure=failure, needs_continuation=needs),
+            events,
+            phase="continue" if needs else "ready",
             # The workflow's next question, answered here instead of by another activity.
-            steer, queue, compaction = await self.store.inputs.waiting(message.session_id, tx=tx)
-            pending = PendingResult(steer=steer, queue=queue, compaction=compaction)
-        return FinishStepResult(
-            ended=failure is None, failure=failure, needs_continuation=needs, pending=pending
+            ask_pending=not needs and not request.interrupted,
         )
 
     @staticmethod
@@ -385,6 +392,73 @@ class SessionActivities:
         if hosted and turn.finish is None:
             return failure or RESULT_MISSING
         return failure
+
+
+@dataclass(frozen=True)
+class _Settlement:
+    """What ending a step writes: its events, the phase recorded with them (None: nothing to
+    write, an earlier attempt settled the step), how long the claim must at least live (a
+    scheduled retry), and whether the result says what waits to be promoted."""
+
+    result: FinishStepResult
+    events: list[ev.Event | tuple[ev.Event, str]] = field(default_factory=list)
+    phase: Phase | None = None
+    hold_until: int | None = None
+    ask_pending: bool = False
+
+
+def _retry(request: FinishStepInput, message: AssistantMessage) -> _Settlement:
+    """A retry of the provider request, scheduled for ``retry_at_ms``."""
+    turn = request.turn
+    assert request.retry_at_ms is not None and turn.raw_error is not None
+    attempt = request.retry_attempt or 2
+    retry = ev.RetryScheduled(
+        session_id=message.session_id,
+        assistant_message_id=message.id,
+        attempt=attempt,
+        at=request.retry_at_ms,
+        error=turn.raw_error,
+    )
+    return _Settlement(
+        FinishStepResult(ended=False),
+        # A fixed id: a retried activity records the retry once.
+        [(retry, f"evt_{message.id}_retry_{attempt}")],
+        phase="continue",
+        # Nothing renews the claim while the workflow waits: hold it past the retry.
+        hold_until=request.retry_at_ms + request.claim.lease_ms,
+    )
+
+
+def _step_end(
+    message: AssistantMessage, turn: Any, failure: SessionError | None
+) -> list[ev.Event | tuple[ev.Event, str]]:
+    """The step's terminal event: failed, ended, or none when the provider never finished."""
+    if failure is not None:
+        failed = ev.StepFailed(
+            session_id=message.session_id,
+            assistant_message_id=message.id,
+            error=failure,
+            cost=turn.cost if turn.finish else None,
+            tokens=turn.tokens if turn.finish else None,
+        )
+        return [failed]
+    if turn.finish is None:
+        return []
+    ended = ev.StepEnded(
+        session_id=message.session_id,
+        assistant_message_id=message.id,
+        finish=turn.finish,
+        cost=turn.cost,
+        tokens=turn.tokens or Tokens(),
+        files=step_files(p for p in message.content if isinstance(p, ToolPart)),
+    )
+    return [ended]
+
+
+def _with_pending(result: FinishStepResult, waiting: Waiting) -> FinishStepResult:
+    steer, queue, compaction = waiting
+    pending = PendingResult(steer=steer, queue=queue, compaction=compaction)
+    return result.model_copy(update={"pending": pending})
 
 
 def _permission_rejected(message: AssistantMessage) -> SessionError | None:

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -52,7 +52,7 @@ from store.db import Tx
 from store.facade import TurnView
 from store.prepared import Prepared
 from store.schema import session_table
-from store.sessions import SessionInfo
+from store.sessions import Pending, SessionInfo, StepBasis
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,6 +88,7 @@ class _Begun:
     agent: Agent
     model: ModelRef
     provider: p.Provider
+    basis: StepBasis  # what the turn's step starts on, as the opening left it
 
 
 class TurnActivities:
@@ -126,6 +127,7 @@ class TurnActivities:
                 publisher.start_assistant()  # a retry re-announces the same assistant message
             stream = _Stream(self.rt, claim, request, publisher, last_step, hidden)
             stream.provider = begun.provider
+            stream.view.basis = begun.basis
             attributes: dict[str, str | int] = {
                 "session.id": claim.session_id,
                 "model": str(model),
@@ -144,9 +146,11 @@ class TurnActivities:
                 span.set_attribute("tool_calls", len(result.calls))
             return result
 
-    async def _would_overflow(self, tx: Tx, session: SessionInfo, request: TurnInput) -> bool:
+    async def _would_overflow(
+        self, tx: Tx | None, session: SessionInfo, request: TurnInput
+    ) -> bool:
         """Would the next request exceed the window (less its output and buffer)? Read in the
-        turn's opening transaction."""
+        turn's opening transaction when it holds one."""
         store = self.rt.store
         settings = CompactionSettings.model_validate(session.settings.get("compaction") or {})
         if not settings.auto or session.model is None:
@@ -173,25 +177,26 @@ class TurnActivities:
 
         Run again from the start after a serialization failure or a deadlock (C6,
         ``run_fenced``): every run reads the session, opens its provider (opening only loads
-        what it needs, so again is harmless) and computes step, baseline and index afresh."""
+        what it needs, so again is harmless) and computes step, baseline and index afresh.
+        On PostgreSQL the usual opening takes two statements instead (``_begin_at_once``)."""
         store = self.rt.store
+        begun_at_once = await self._begin_at_once(claim, request)
+        if begun_at_once is not None:
+            return begun_at_once
 
         async def begin(tx: Tx) -> _Begun:
             step = request.step
-            session, pending = await store.sessions.opening(tx, claim.session_id)
-            if session.model is None:
-                raise ValueError(f"Session {session.id} has no model; select one first")
-            # Sampled once per attempt: a selection changing meanwhile applies to the next.
-            agent = self.rt.agents.get(session.agent)
-            model = ModelRef.parse(agent.model) if agent.model else session.model
-            provider = p.open_provider(self.rt.providers(model))
-            if not request.skip_compaction and await self._would_overflow(tx, session, request):
-                raise _CompactFirst()
+            session, pending, basis = await store.sessions.opening(
+                tx, claim.session_id, request.assistant_message_id
+            )
+            agent, model, provider = await self._open(session, request, tx)
             # Context changes come before what is promoted now: they happened before it.
-            baseline = await self._baseline(tx, session)
+            baseline, noted = self._reconciled(session)
+            if noted:
+                await store.events.publish_many(noted, tx=tx)
             # Only what the opening read says waits (nothing is promoted behind a compaction).
+            promoted = 0
             if request.promotion is not None and not pending.compaction:
-                promoted = 0
                 if request.promotion == "queue" and pending.queue:
                     promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
                 if pending.steer:
@@ -199,7 +204,11 @@ class TurnActivities:
                 if promoted:
                     step = 1
             index = await count_request(tx, claim.session_id)
-            return _Begun(session, step, index, baseline, agent, model, provider)
+            # The events written here follow what the opening read (one per context change and
+            # per promoted prompt), unless an admission came between: then the step's start
+            # finds the log moved, and takes the general path.
+            basis = replace(basis, seq=basis.seq + len(noted) + promoted)
+            return _Begun(session, step, index, baseline, agent, model, provider, basis)
 
         # A model call is in flight: a takeover must treat the step's outcome as unknown. The
         # fence records it, in the transaction of everything above.
@@ -209,8 +218,49 @@ class TurnActivities:
         )
         return begun
 
-    async def _baseline(self, tx: Tx, session: SessionInfo) -> str:
-        """The frozen system context; changes to its sources become system messages."""
+    async def _begin_at_once(self, claim: Claim, request: TurnInput) -> _Begun | None:
+        """The usual opening on PostgreSQL (nothing to promote, the context unchanged) in two
+        statements instead of a transaction of five: the session read with its claim row's
+        version, then the fence recording the in-flight phase with the request's count in one
+        (``Store.open_turn``), which applies only if no fenced write came between. None when
+        this does not apply and nothing was written: the general path then opens the turn."""
+        store = self.rt.store
+        mid = request.assistant_message_id
+        snapshot = await store.sessions.turn_snapshot(claim.session_id, mid)
+        if snapshot is None or _promotes(request, snapshot.pending):
+            return None
+        session = snapshot.session
+        agent, model, provider = await self._open(session, request)
+        baseline, noted = self._reconciled(session)
+        if noted:
+            return None
+        index = await store.open_turn(
+            claim, snapshot, step_attempt=request.attempt, phase=("unknown", mid)
+        )
+        if index is None:
+            return None
+        basis = snapshot.basis
+        return _Begun(session, request.step, index, baseline, agent, model, provider, basis)
+
+    async def _open(
+        self, session: SessionInfo, request: TurnInput, tx: Tx | None = None
+    ) -> tuple[Agent, ModelRef, p.Provider]:
+        """The attempt's agent, model and provider (a script that does not load fails here,
+        before anything is written), unless the request would not fit (``_CompactFirst``).
+        What it reads, it reads in ``tx`` when the opening holds one."""
+        if session.model is None:
+            raise ValueError(f"Session {session.id} has no model; select one first")
+        # Sampled once per attempt: a selection changing meanwhile applies to the next.
+        agent = self.rt.agents.get(session.agent)
+        model = ModelRef.parse(agent.model) if agent.model else session.model
+        provider = p.open_provider(self.rt.providers(model))
+        if not request.skip_compaction and await self._would_overflow(tx, session, request):
+            raise _CompactFirst()
+        return agent, model, provider
+
+    def _reconciled(self, session: SessionInfo) -> tuple[str, list[ev.Event]]:
+        """The frozen system context, and the events that note its changes (its sources'
+        changes become system messages)."""
         entries = session.settings.get("context") or {}
         now: dict[str, str] | None
         try:
@@ -222,9 +272,7 @@ class TurnActivities:
             baseline, events = context.reconcile(session.id, session.settings, now, first=first)
         except context.Unobservable:
             raise ContextUnavailableError(session.id, session.directory, why) from None
-        if events:
-            await self.rt.store.events.publish_many(events, tx=tx)
-        return baseline
+        return baseline, events
 
     def _hidden(self, session: SessionInfo, agent: Agent) -> frozenset[str]:
         """Tools the agent does not offer, or whose every call its rules deny."""
@@ -266,6 +314,13 @@ class TurnActivities:
             tool_choice="none" if last_step else None,
             prompt_cache_key=prompt_cache_key(claim.session_id),
         )
+
+
+def _promotes(request: TurnInput, pending: Pending) -> bool:
+    """Whether the opening promotes what waits (nothing is promoted behind a compaction)."""
+    if request.promotion is None or pending.compaction:
+        return False
+    return pending.steer or (request.promotion == "queue" and pending.queue)
 
 
 def _overflow(event: p.StreamEvent, publisher: TurnPublisher) -> bool:

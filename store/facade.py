@@ -15,14 +15,14 @@ from sessionflow.models.events import Event
 from sessionflow.models.messages import AssistantMessage
 from sessionflow.settings import Settings
 from store import codec, projector
-from store.claims import Claim, Claims, fence_params, run_params
+from store.claims import Claim, Claims, Phase, fence_params, run_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
 from store.fast import PostgresWriter, SqliteWriter
-from store.inputs import Inputs
+from store.inputs import Inputs, Waiting, waiting
 from store.notify import Notifier
 from store.projector import apply_tool
-from store.sessions import Sessions, StoredPart
+from store.sessions import Sessions, StepBasis, StoredPart, TurnSnapshot
 from store.tool_runs import ToolAttempt, ToolRuns
 
 _tracer = trace.get_tracer("sessionflow.store")
@@ -42,6 +42,19 @@ class TurnView:
 
     message_id: str
     message: AssistantMessage | None = None
+    # What the turn's opening found the step would start on: its first batch, which starts
+    # the step, is written on it in one statement (``_append_start``) unless the log moved.
+    basis: StepBasis | None = None
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    """A step's assistant message (None when there is none) as read outside any transaction,
+    with the version of its session's claim row then: ``Store.end_step`` writes only if no
+    fenced write came after the read."""
+
+    message: Any
+    version: str
 
 
 @dataclass
@@ -102,14 +115,20 @@ class Store:
         step_attempt: int | None,
         view: TurnView | None,
     ) -> list[StoredEvent]:
-        message = None
+        message = basis = None
         if view is not None and isinstance(self.writer, PostgresWriter):
             message, view.message = view.message, None  # forgotten unless this batch commits
+            basis, view.basis = view.basis, None  # the first batch's alone: it moves the log
         else:
             view = None  # SQLite's general path runs inline: a view saves it nothing
         projected = any(self.events.has_projector(type(e)) for e in events)
         one_aggregate = {e.aggregate_id for e in events} == {claim.session_id}
-        if (
+        started = None
+        if view is not None and basis is not None and one_aggregate:
+            started = await self._append_start(claim, events, ids, step_attempt, view, basis)
+        if started is not None:
+            stored, message = started
+        elif (
             view is not None
             and message is not None
             and one_aggregate
@@ -181,6 +200,65 @@ class Store:
             raise await self.claims.why_lost(claim, step_attempt)
         return stored
 
+    async def _append_start(
+        self,
+        claim: Claim,
+        events: Sequence[Event],
+        ids: list[str],
+        step_attempt: int | None,
+        view: TurnView,
+        basis: StepBasis,
+    ) -> tuple[list[StoredEvent], AssistantMessage] | None:
+        """``_PG_START``: a turn's batch that starts its step, on what the turn's opening read
+        (``basis``): the step's message built here and the batch projected on it, written with
+        the events in one statement while the session's log has not moved. None when this
+        does not apply, or the log moved, or the fence refused it: the general path then
+        writes the batch from what it reads (or says why it cannot)."""
+        if not self._starts_on(basis, view.message_id, events):
+            return None
+        assert isinstance(self.writer, PostgresWriter)
+        rows = self._rows(claim, events, ids)
+        for offset, row in enumerate(rows):  # the statement writes them there or not at all
+            row["seq"] = basis.seq + 1 + offset
+        start = events[0]
+        assert isinstance(start, ev.StepStarted)
+        message = projector.step_message(start, rows[0]["seq"], rows[0]["created"])
+        if not self._parts_only(message, events[1:]):
+            return None
+        placed = [
+            StoredEvent(row["id"], row["aggregate_id"], row["seq"], row["created"], row["type"], e)
+            for row, e in zip(rows[1:], events[1:], strict=True)
+        ]
+        parts = (await projector.project_in_memory(message, placed)).parts
+        params = {
+            **_batch_params(claim, rows, parts, step_attempt),
+            "expected": basis.seq,
+            "mid": message.id,
+            "message_seq": message.seq,
+            "created": rows[0]["created"],
+            "body": projector.message_row(message),
+        }
+        stored: list[StoredEvent] = []
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            stored.extend(self.events.committed(rows, events))
+
+        if not await self.writer.start_step(params, rows, announce):
+            return None
+        return stored, message
+
+    def _starts_on(self, basis: StepBasis, message_id: str, events: Sequence[Event]) -> bool:
+        """Whether ``events`` start the step of ``message_id`` afresh on ``basis``: no message
+        of that id yet (a retry re-announces its own), none left incomplete to supersede."""
+        start = events[0]
+        return (
+            isinstance(start, ev.StepStarted)
+            and start.assistant_message_id == message_id
+            and self.events.projects_only(ev.StepStarted, (ev.StepStarted,))
+            and not basis.exists
+            and not projector.supersedes(basis.latest)
+        )
+
     def _rows(self, claim: Claim, events: Sequence[Event], ids: list[str]) -> list[dict[str, Any]]:
         rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
         for row, id in zip(rows, ids, strict=True):
@@ -245,11 +323,130 @@ class Store:
             return None
         return stored[0]
 
+    async def open_turn(
+        self,
+        claim: Claim,
+        snapshot: TurnSnapshot,
+        *,
+        step_attempt: int,
+        phase: tuple[Phase, str | None],
+    ) -> int | None:
+        """A turn's opening that writes nothing but its fence (with ``step_attempt``, recording
+        ``phase``) and the request's count, in one statement (``_PG_OPEN_TURN``), decided from
+        ``snapshot``: the request's 0-based index. None when nothing was written: the fence
+        refused it, or a fenced write came after the snapshot."""
+        assert isinstance(self.writer, PostgresWriter)
+        params = {
+            **fence_params(claim),
+            "attempt": step_attempt,
+            "phase": phase[0],
+            "mid": phase[1],
+            "version": snapshot.version,
+        }
+        count = await self.writer.open_turn(params)
+        return None if count is None else count - 1
+
+    async def step_snapshot(self, session_id: str, message_id: str) -> StepSnapshot | None:
+        """On PostgreSQL, the step's message read in one statement with its claim row's version
+        (``_PG_STEP_READ``), for ``end_step``. None on SQLite, where the general path runs
+        inline, or when the session has no claim."""
+        if not isinstance(self.writer, PostgresWriter):
+            return None
+        rows = await self.writer.read_step(session_id, message_id)
+        if not rows or rows[0][0] != -2:
+            return None
+        return StepSnapshot(projector.assemble(rows[1:]), str(rows[0][1]))
+
+    async def end_step(
+        self,
+        claim: Claim,
+        snapshot: StepSnapshot,
+        events: Sequence[Event],
+        *,
+        step_attempt: int,
+        phase: Phase,
+    ) -> Waiting | None:
+        """End a step in one statement (``_PG_END_STEP``): ``events`` (``STEP_END_EVENTS`` of
+        the snapshot's message, which they change in memory), projected on the message as the
+        snapshot read it, under the fence with ``step_attempt``, the phase recorded with it.
+        Returns what waits to be promoted (as ``Inputs.waiting``), read in the same statement.
+
+        None when nothing was written: the events are not all the message's step end, the
+        fence refused it, or a fenced write came after the snapshot. The caller then takes the
+        general path, which reads the message again in its transaction and says why.
+        """
+        message = snapshot.message
+        assert isinstance(self.writer, PostgresWriter) and isinstance(message, AssistantMessage)
+        kinds = projector.STEP_END_EVENTS
+        if not all(self.events.projects_only(type(e), kinds) for e in events) or not (
+            events and projector.ends_step_only(message, events)
+        ):
+            return None
+        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
+        placed = [  # their projections read no seq: it is allocated by the statement
+            StoredEvent(row["id"], row["aggregate_id"], -1, row["created"], row["type"], event)
+            for row, event in zip(rows, events, strict=True)
+        ]
+        projected = await projector.project_in_memory(message, placed)
+        params = _end_step_params(claim, snapshot, rows, projected, step_attempt, phase)
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            self.events.committed(rows, events)
+
+        ended = await self.writer.end_step(params, rows, announce)
+        return None if ended is None else waiting(*ended[1:])
+
     async def close(self) -> None:
         await self.notifier.close()
         if self.writer is not None:
             await self.writer.close()
         await self.db.dispose()
+
+
+def _batch_params(
+    claim: Claim,
+    rows: list[dict[str, Any]],
+    parts: list[dict[str, Any]],
+    step_attempt: int | None,
+) -> dict[str, Any]:
+    """A batch's parameters as ``_PG_START`` and ``_PG_END_STEP`` take them: the fence, its
+    events, the parts it changed."""
+    return {
+        **fence_params(claim),
+        "attempt": -1 if step_attempt is None else step_attempt,
+        "agg": claim.session_id,
+        "n": len(rows),
+        "ids": [row["id"] for row in rows],
+        "createds": [row["created"] for row in rows],
+        "types": [row["type"] for row in rows],
+        "datas": [row["data"] for row in rows],
+        "positions": [part["position"] for part in parts],
+        "call_ids": [part["call_id"] for part in parts],
+        "parts": [part["body"] for part in parts],
+    }
+
+
+def _end_step_params(
+    claim: Claim,
+    snapshot: StepSnapshot,
+    rows: list[dict[str, Any]],
+    projected: projector.Projected,
+    step_attempt: int,
+    phase: Phase,
+) -> dict[str, Any]:
+    usage = projected.usage or dict.fromkeys(
+        ("at", "cost", "input", "output", "reasoning", "cache_read", "cache_write")
+    )
+    return {
+        **_batch_params(claim, rows, projected.parts, step_attempt),
+        **usage,
+        "phase": phase,
+        "version": snapshot.version,
+        "mid": snapshot.message.id,
+        "body": projected.row,
+        "updated": projected.updated,
+        "usage": projected.usage is not None,
+    }
 
 
 async def open_store(
@@ -278,12 +475,14 @@ async def open_store(
         db, notifier, max_event_bytes=settings.max_event_bytes, poll_interval=poll_ms / 1000
     )
     projector.install(events)
+    writer = PostgresWriter(db) if postgres else SqliteWriter(db)
+    fetch = writer.fetch_prepared if isinstance(writer, PostgresWriter) else None
     return Store(
         db=db,
         notifier=notifier,
         events=events,
         claims=Claims(db, lease_ms=settings.lease_ms),
         inputs=Inputs(db, events),
-        sessions=Sessions(db, events),
-        writer=SqliteWriter(db) if db.dialect == "sqlite" else PostgresWriter(db),
+        sessions=Sessions(db, events, fetch=fetch),
+        writer=writer,
     )

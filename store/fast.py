@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
 from store.dialect import store_error
 from store.events import unique_violation_error
+from store.prepared import Prepared
 
 IDLE = TransactionStatus.IDLE
 Connection = psycopg.AsyncConnection[Any]
@@ -70,13 +71,15 @@ renewed AS (
     AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
   RETURNING 1
 )"""
-_PG_EVENTS = """
+_PG_ALLOCATED = """
 allocated AS (
   INSERT INTO event_sequence (aggregate_id, seq)
   SELECT %(agg)s, %(n)s - 1 FROM renewed
   ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
   RETURNING seq
-), inserted AS (
+)"""
+_PG_INSERTED = """
+inserted AS (
   INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
   SELECT e.id, %(agg)s, a.seq - %(n)s + e.ord, e.created, e.type, e.data, %(eid)s, %(epoch)s
   FROM allocated a,
@@ -84,6 +87,7 @@ allocated AS (
          WITH ORDINALITY AS e(id, created, type, data, ord)
   RETURNING seq
 )"""
+_PG_EVENTS = f"{_PG_ALLOCATED}, {_PG_INSERTED}"
 _PG_APPEND = f"""
 WITH {_PG_RENEWED}, {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS written
@@ -94,17 +98,26 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM inserted) AS w
 # turn's own view of the message, ``projector.project_parts``), the seqs and the events, in one
 # statement. Every writer of a session renews its claim row first, so they take the rows
 # after it one at a time.
-_PG_PARTS = f"""
-WITH {_PG_RENEWED}, parts AS (
+
+
+def _pg_part_rows(after: str) -> str:
+    """The changed parts' rows, written only once the CTE ``after`` (the fence, or what came
+    after it) returned a row."""
+    return f"""
+parts AS (
   INSERT INTO session_part (message_id, position, session_id, call_id, data)
   SELECT %(mid)s, p.position, %(sid)s, p.call_id, p.data
-  FROM renewed,
+  FROM {after},
        unnest(%(positions)s::int[], %(call_ids)s::text[], %(parts)s::text[])
          AS p(position, call_id, data)
   ON CONFLICT (message_id, position)
     DO UPDATE SET call_id = excluded.call_id, data = excluded.data
   RETURNING 1
-), {_PG_EVENTS}
+)"""
+
+
+_PG_PARTS = f"""
+WITH {_PG_RENEWED}, {_pg_part_rows("renewed")}, {_PG_EVENTS}
 SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS parts
 """
 
@@ -140,6 +153,98 @@ WITH renewed AS (
   RETURNING seq
 )
 SELECT (SELECT seq FROM inserted)
+"""
+
+# A turn's first batch, which starts its step (``Store.append`` with a ``TurnView`` carrying the
+# opening's ``StepBasis``): the fence; the seqs, only while the session's log is still at the seq
+# the opening read (every projection moves it, so the step starts on what the opening found);
+# the events; the step's new message and the parts the batch changed (built and projected by the
+# caller). A log that moved writes nothing but the renewal, as any fenced append renews.
+_PG_START = f"""
+WITH {_PG_RENEWED}, allocated AS (
+  UPDATE event_sequence SET seq = seq + %(n)s
+  WHERE aggregate_id = %(agg)s AND seq = %(expected)s AND EXISTS (SELECT 1 FROM renewed)
+  RETURNING seq
+), {_PG_INSERTED}, message AS (
+  INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data)
+  SELECT %(mid)s, %(sid)s, 'assistant', %(message_seq)s, %(created)s, %(created)s, %(body)s
+  FROM allocated
+  RETURNING 1
+), {_pg_part_rows("allocated")}
+SELECT (SELECT seq FROM allocated) AS last
+"""
+
+# The fence of a write decided from a read made outside any transaction (``_PG_STEP_READ``,
+# ``Sessions.turn_snapshot``): with the step's attempt, recording the phase as ``record_phase``
+# does, and only while the claim row is still the version that read saw.
+_PG_RENEWED_AS_READ = f"""
+renewed AS (
+  UPDATE session_execution
+  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
+    step_attempt = %(attempt)s, phase = %(phase)s, assistant_message_id = %(mid)s
+  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
+    AND expires_at > {_PG_NOW} AND step_attempt <= %(attempt)s
+    AND xmin = %(version)s::xid
+  RETURNING 1
+)"""
+
+# A turn's opening (``Store.open_turn``), decided from what ``Store.turn_snapshot`` read: the
+# fence, with the step's attempt and the claim row's version as read (``_PG_STEP_READ``), records
+# that a model call is in flight, and the session counts the request.
+_PG_OPEN_TURN = f"""
+WITH {_PG_RENEWED_AS_READ}, counted AS (
+  UPDATE session SET request_count = request_count + 1
+  WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM renewed)
+  RETURNING request_count
+)
+SELECT (SELECT request_count FROM counted)
+"""
+
+# A step's assistant message as its end reads it (``Store.step_snapshot``), first the version of
+# the session's claim row: ``xmin``, the transaction that last wrote the row. Every fenced write
+# renews that row in its own transaction, so a write fenced on the version too (``_PG_END_STEP``)
+# applies only if no fenced write, nor anything else that could have changed the message, came
+# between the read and it (xmin as an optimistic concurrency token, as Npgsql offers it).
+_PG_STEP_READ = """
+SELECT -2 AS position, xmin::text AS data FROM session_execution WHERE session_id = %(sid)s
+UNION ALL
+SELECT -1, data FROM session_message WHERE id = %(mid)s AND session_id = %(sid)s
+UNION ALL
+SELECT position, data FROM session_part WHERE message_id = %(mid)s AND session_id = %(sid)s
+ORDER BY position
+"""
+
+# A step's end (``Store.end_step``): the fence, with the step's attempt and the claim row's
+# version as read, recording the phase as ``record_phase`` does; the seqs and the events; the
+# message's row and parts as the events left them (projected in memory by the caller); the
+# session's usage (``projector._ADD_USAGE``); and, read with it, what waits to be promoted (as
+# ``Inputs.waiting`` reads it). What comes after the fence writes only if it renewed, so a
+# refused end writes nothing at all.
+_PG_END_STEP = f"""
+WITH {_PG_RENEWED_AS_READ}, {_PG_EVENTS}, {_pg_part_rows("renewed")}, message AS (
+  UPDATE session_message SET data = %(body)s, time_updated = %(updated)s::bigint
+  WHERE id = %(mid)s AND session_id = %(sid)s AND %(body)s::text IS NOT NULL
+    AND EXISTS (SELECT 1 FROM allocated)
+  RETURNING 1
+), usage AS (
+  UPDATE session
+  SET cost = cost + %(cost)s::float8,
+    tokens_input = tokens_input + %(input)s::bigint,
+    tokens_output = tokens_output + %(output)s::bigint,
+    tokens_reasoning = tokens_reasoning + %(reasoning)s::bigint,
+    tokens_cache_read = tokens_cache_read + %(cache_read)s::bigint,
+    tokens_cache_write = tokens_cache_write + %(cache_write)s::bigint,
+    time_updated = %(at)s::bigint
+  WHERE id = %(sid)s AND %(usage)s::boolean AND EXISTS (SELECT 1 FROM allocated)
+  RETURNING 1
+)
+SELECT (SELECT seq FROM allocated) AS last,
+  EXISTS (SELECT 1 FROM session_input WHERE session_id = %(sid)s AND type = 'prompt'
+    AND delivery = 'steer' AND promoted_seq IS NULL) AS steer,
+  EXISTS (SELECT 1 FROM session_input WHERE session_id = %(sid)s AND type = 'prompt'
+    AND delivery = 'queue' AND promoted_seq IS NULL) AS queue,
+  (SELECT id FROM session_input WHERE session_id = %(sid)s AND type = 'compaction'
+    AND promoted_seq IS NULL LIMIT 1) AS compaction
 """
 
 
@@ -350,6 +455,7 @@ def _usable(conn: Connection) -> bool:
 
 class PostgresWriter:
     """A few dedicated autocommit connections: the append is one statement, one round trip.
+    The store's hot reads of one statement run here too (``fetch``), without SQLAlchemy.
 
     One statement is one transaction, so no BEGIN/COMMIT; a pooled SQLAlchemy connection
     would add a pre-ping and a reset round trip to every append.
@@ -389,12 +495,57 @@ class PostgresWriter:
             params["positions"] = [part["position"] for part in parts]
             params["call_ids"] = [part["call_id"] for part in parts]
             params["parts"] = [part["body"] for part in parts]
-        last = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
-        return last is not None
+        row = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
+        return row is not None
+
+    async def start_step(
+        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> bool:
+        """``_PG_START``, seqs assigned to ``rows``; False if the fence refused it or the log
+        had moved (nothing written but the renewal)."""
+        row = await retry_conflicts(lambda: self._attempt(_PG_START, params, rows, on_commit))
+        return row is not None
+
+    async def end_step(
+        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> tuple[Any, ...] | None:
+        """``_PG_END_STEP``, seqs assigned to ``rows``: its row (the last seq, then what waits
+        to be promoted), or None if the fence refused it and nothing was written."""
+        return await retry_conflicts(lambda: self._attempt(_PG_END_STEP, params, rows, on_commit))
+
+    async def read_step(self, session_id: str, message_id: str) -> list[tuple[Any, ...]]:
+        """``_PG_STEP_READ``'s rows."""
+        return await self.fetch(_PG_STEP_READ, {"sid": session_id, "mid": message_id})
+
+    async def fetch_prepared(
+        self, statement: Prepared, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """``statement`` (as PostgreSQL compiles it) read as ``fetch`` reads."""
+        compiled = statement.compiled("postgresql")
+        return await self.fetch(compiled.sql, {**compiled.defaults, **params})
+
+    async def fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """A read of one statement: its own snapshot, no transaction, no SQLAlchemy."""
+        try:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(sql, params, prepare=True)
+                return await cursor.fetchall()
+        except psycopg.Error as error:
+            _raise_typed(error, [])
+
+    async def open_turn(self, params: dict[str, Any]) -> int | None:
+        """``_PG_OPEN_TURN``: the request's count, or None if the fence refused it (nothing
+        written)."""
+
+        async def attempt() -> int | None:
+            rows = await self.fetch(_PG_OPEN_TURN, params)
+            return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+        return await retry_conflicts(attempt)
 
     async def _attempt(
         self, sql: str, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
-    ) -> int | None:
+    ) -> tuple[Any, ...] | None:
         try:
             # A cancellation while waiting for a connection stops the append; once the
             # statement is sent, it and its announcement finish together (``settled``).
@@ -440,21 +591,24 @@ async def _commit(
     params: dict[str, Any],
     rows: list[dict[str, Any]],
     on_commit: OnCommit,
-) -> int | None:
+) -> tuple[Any, ...] | None:
+    """Run an append statement whose first column is the last seq it allocated; its row, or
+    None when that is NULL (the fence refused it)."""
     cursor = await conn.execute(sql, params, prepare=True)
     result = await cursor.fetchone()
     if result is None or result[0] is None:
-        return None  # the fence refused it
+        return None
     last = int(result[0])
     for offset, row in enumerate(rows):
         row["seq"] = last - len(rows) + 1 + offset
     on_commit()
-    return last
+    return tuple(result)
 
 
 def _raise_typed(error: BaseException, rows: list[dict[str, Any]]) -> NoReturn:
-    """Raise the store's typed error for a driver error on the hot path (or the error)."""
-    typed = unique_violation_error(error, rows) or store_error(error)
+    """Raise the store's typed error for a driver error on the hot path (or the error);
+    ``rows``: the events it was writing (none for a read)."""
+    typed = (unique_violation_error(error, rows) if rows else None) or store_error(error)
     if typed is None:
         raise error
     raise typed from error

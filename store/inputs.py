@@ -59,6 +59,16 @@ class InputReceipt:
         )
 
 
+Waiting = tuple[bool, bool, str | None]
+
+
+def waiting(steer: Any, queue: Any, compaction: Any) -> Waiting:
+    """(steer, queue, compaction) from a read of whether each waits (``_WAITING``'s row)."""
+    if compaction is not None:
+        return False, False, str(compaction)  # prompts wait behind the barrier
+    return bool(steer), bool(queue), None
+
+
 class Inputs:
     def __init__(self, db: Database, events: EventStore) -> None:
         self.db = db
@@ -181,9 +191,7 @@ class Inputs:
         async with self.db.read() as conn:
             return await _deliveries(conn, session_id)
 
-    async def waiting(
-        self, session_id: str, *, tx: Tx | None = None
-    ) -> tuple[bool, bool, str | None]:
+    async def waiting(self, session_id: str, *, tx: Tx | None = None) -> Waiting:
         """(steer, queue, compaction): ``pending_deliveries`` and ``pending_compaction`` in one
         statement (on PostgreSQL one round trip, without a transaction), or in ``tx``."""
         params = {"sid": session_id}
@@ -193,10 +201,7 @@ class Inputs:
             async with self.db.read(single=True) as conn:
                 row = await _WAITING.first(conn, self.db.dialect, params)
         assert row is not None
-        steer, queue, compaction = row
-        if compaction is not None:
-            return False, False, str(compaction)  # prompts wait behind the barrier
-        return bool(steer), bool(queue), None
+        return waiting(*row)
 
     async def pending_compaction(self, session_id: str, *, tx: Tx | None = None) -> str | None:
         """The id of the session's pending compaction (the barrier), if there is one."""

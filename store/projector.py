@@ -269,7 +269,7 @@ async def _write_back(tx: Tx) -> None:
     for entry in _messages(tx).values():
         message = entry.message
         if entry.updated is not None:
-            params = {"mid": message.id, "updated": entry.updated, "body": _message_row(message)}
+            params = {"mid": message.id, "updated": entry.updated, "body": message_row(message)}
             await _WRITE_BACK.rows(tx.conn, tx.dialect, params)
             entry.updated = None
         if entry.changed_parts:
@@ -278,7 +278,7 @@ async def _write_back(tx: Tx) -> None:
             entry.changed_parts.clear()
 
 
-def _message_row(message: Any) -> str:
+def message_row(message: Any) -> str:
     """A message as its own row stores it: an assistant message without its parts."""
     if isinstance(message, AssistantMessage):
         return codec.dump_model(message, exclude={"content"})
@@ -313,7 +313,7 @@ async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
         "kind": message.type,
         "message_seq": message.seq,
         "created": stored.created,
-        "body": _message_row(message),
+        "body": message_row(message),
     }
     if await _INSERT_MESSAGE.first(tx.conn, tx.dialect, params) is None:
         raise LifecycleConflictError(message.id, "a message with this id already exists")
@@ -598,15 +598,28 @@ async def _step_started(tx: Tx, stored: StoredEvent, event: ev.StepStarted) -> N
     if previous is not None:  # a newer step supersedes an older message that never completed
         previous.time_completed = stored.created
         await _save_message(tx, stored, previous)
-    message = AssistantMessage(
+    await _insert_message(tx, stored, step_message(event, stored.seq, stored.created))
+
+
+def step_message(event: ev.StepStarted, seq: int, created: int) -> AssistantMessage:
+    """The assistant message a new step starts (at its ``step.started``'s seq and time)."""
+    return AssistantMessage(
         id=event.assistant_message_id,
         session_id=event.session_id,
-        seq=stored.seq,
-        time_created=stored.created,
+        seq=seq,
+        time_created=created,
         agent=event.agent,
         model=event.model,
     )
-    await _insert_message(tx, stored, message)
+
+
+def supersedes(latest: str | None) -> bool:
+    """Whether a new step would complete the latest assistant message, from that message's own
+    row (``data``; None without one): it never completed."""
+    if latest is None:
+        return False
+    head = codec.load_model(MESSAGE_ADAPTER, latest)
+    return isinstance(head, AssistantMessage) and _incomplete(head)
 
 
 async def _step_opening(
@@ -672,7 +685,21 @@ async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | 
         "cache_read": tokens.cache.read,
         "cache_write": tokens.cache.write,
     }
+    if tx.conn is None:  # projected in memory (``project_in_memory``): its caller writes it
+        tx.cache[_USAGE] = _summed(tx.cache.get(_USAGE), params)
+        return
     await _ADD_USAGE.rows(tx.conn, tx.dialect, params)
+
+
+_USAGE = "projector.usage"
+_USAGE_SUMS = ("cost", "input", "output", "reasoning", "cache_read", "cache_write")
+
+
+def _summed(usage: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
+    """Two usage additions as one, dated by the later (as two updates leave the row)."""
+    if usage is None:
+        return more
+    return {**more, **{key: usage[key] + more[key] for key in _USAGE_SUMS}}
 
 
 def _add_usage_statement(_dialect: DialectName) -> Any:
@@ -853,6 +880,41 @@ async def project_parts(
 ) -> list[dict[str, Any]]:
     """Apply ``stored`` (``parts_only`` events, deltas among them) to ``message`` in memory;
     the rows of the parts that changed, as ``session_part`` stores them."""
+    return (await project_in_memory(message, stored)).parts
+
+
+# What ends a step (``finish_step``): its end or failure, and its calls left unsettled failed.
+# Their projection changes the step's message, its parts and the session's usage, and nothing
+# else, so on PostgreSQL the store projects them in memory on the message as it read it and
+# writes the outcome with the events in one statement (``Store.end_step``).
+STEP_END_EVENTS = (ev.StepEnded, ev.StepFailed, ev.ToolFailed)
+
+
+def ends_step_only(message: AssistantMessage, events: Sequence[ev.Event]) -> bool:
+    """Whether ``events`` are all ``STEP_END_EVENTS`` of ``message``."""
+    return all(
+        isinstance(event, STEP_END_EVENTS)
+        and event.session_id == message.session_id
+        and event.assistant_message_id == message.id
+        for event in events
+    )
+
+
+@dataclass(frozen=True)
+class Projected:
+    """What events projected in memory changed: the message's own row and when (None when
+    unchanged), the rows of the parts that changed, and the session's usage to add (the
+    parameters of ``_ADD_USAGE``; None when there is none)."""
+
+    row: str | None
+    updated: int | None
+    parts: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+
+
+async def project_in_memory(message: AssistantMessage, stored: Sequence[StoredEvent]) -> Projected:
+    """Apply ``stored`` to ``message`` in memory: events whose projection changes nothing but
+    that message and the session's usage (``parts_only`` or ``ends_step_only`` events)."""
     tx = Tx(conn=None, dialect="postgresql")
     entry = _messages(tx)[message.id] = _Loaded(message)
     tx.before_commit.clear()
@@ -860,7 +922,12 @@ async def project_parts(
         handler = _HANDLERS.get(type(event.data))
         if handler is not None:
             await handler(tx, event, event.data)
-    return [_part_row(message, position) for position in sorted(entry.changed_parts)]
+    return Projected(
+        row=None if entry.updated is None else message_row(message),
+        updated=entry.updated,
+        parts=[_part_row(message, position) for position in sorted(entry.changed_parts)],
+        usage=tx.cache.get(_USAGE),
+    )
 
 
 def cached_message(tx: Tx, message_id: str) -> Any | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +21,14 @@ from store.db import Database, Tx
 from store.events import EventStore
 from store.prepared import Prepared
 from store.projector import PART_ADAPTER
-from store.schema import input_table, message_table, part_table, session_table
+from store.schema import (
+    execution_table,
+    input_table,
+    message_table,
+    part_table,
+    sequence_table,
+    session_table,
+)
 
 DEFAULT_LIST_LIMIT = 100
 _s = session_table.c
@@ -52,10 +60,56 @@ class Pending:
     queue: bool
 
 
+@dataclass(frozen=True)
+class StepBasis:
+    """What a step's start would find, as a turn's opening read it under the claim: the
+    session's last seq, whether the step's message exists (in any session: ids are unique),
+    and the latest assistant message's own row (None without one). Every projection moves the
+    session's seq, so while it is still ``seq`` a start finds the same (``Store.append`` with
+    a ``TurnView`` carrying it)."""
+
+    seq: int
+    exists: bool
+    latest: str | None
+
+
+@dataclass(frozen=True)
+class TurnSnapshot:
+    """A turn's opening read outside any transaction (``Sessions.turn_snapshot``): what
+    ``Sessions.opening`` reads, and the version of the session's claim row then, which a write
+    decided from it fences on (``Store.open_turn``)."""
+
+    session: SessionInfo
+    pending: Pending
+    basis: StepBasis
+    version: str
+
+
+# A read of one statement's rows (``PostgresWriter.fetch_prepared``).
+Fetch = Callable[[Prepared, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+
+
 class Sessions:
-    def __init__(self, db: Database, events: EventStore) -> None:
+    """``fetch``: how a read of one statement runs without SQLAlchemy (on PostgreSQL, over the
+    hot path's own connections: no pool checkout, no async bridge); without it, in a read of
+    its own."""
+
+    def __init__(self, db: Database, events: EventStore, *, fetch: Fetch | None = None) -> None:
         self.db = db
         self.events = events
+        self.fetch = fetch
+
+    async def _read(
+        self, statement: Prepared, params: dict[str, Any], *, tx: Tx | None = None
+    ) -> list[Any]:
+        """A read of one statement: in ``tx`` when the caller holds one (never a second
+        connection, ``Database.reading``), else on its own connection."""
+        if tx is not None:
+            return await statement.rows(tx.conn, tx.dialect, params)
+        if self.fetch is not None:
+            return await self.fetch(statement, params)
+        async with self.db.read(single=True) as conn:
+            return await statement.rows(conn, self.db.dialect, params)
 
     async def create(
         self,
@@ -94,23 +148,38 @@ class Sessions:
         if tx is not None:
             row = await _SESSION.first(tx.conn, self.db.dialect, params)
         else:
-            async with self.db.read(single=True) as conn:
-                row = await _SESSION.first(conn, self.db.dialect, params)
+            row = next(iter(await self._read(_SESSION, params)), None)
         if row is None:
             raise SessionNotFoundError(session_id)
         return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))
 
-    async def opening(self, tx: Tx, session_id: str) -> tuple[SessionInfo, Pending]:
-        """The session and what waits to be promoted, in one statement inside ``tx``: a turn's
-        opening, which promotes only what this says is there (no read per delivery)."""
+    async def opening(
+        self, tx: Tx, session_id: str, message_id: str
+    ) -> tuple[SessionInfo, Pending, StepBasis]:
+        """The session, what waits to be promoted and what the step of ``message_id`` would
+        start on, in one statement inside ``tx``: a turn's opening, which promotes only what
+        this says is there (no read per delivery)."""
         validate_id(session_id)
-        row = await _OPENING.first(tx.conn, tx.dialect, {"sid": session_id})
+        params = {"sid": session_id, "mid": message_id}
+        row = await _OPENING.first(tx.conn, tx.dialect, params)
         if row is None:
             raise SessionNotFoundError(session_id)
-        columns, flags = row[: len(_SESSION_COLUMNS)], row[len(_SESSION_COLUMNS) :]
-        info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
-        compaction, steer, queue = (bool(flag) for flag in flags)
-        return info, Pending(compaction=compaction, steer=steer, queue=queue)
+        return _opening(row)
+
+    async def turn_snapshot(self, session_id: str, message_id: str) -> TurnSnapshot | None:
+        """What ``opening`` reads, outside any transaction, with the claim row's version; on
+        PostgreSQL only (None elsewhere, or when the session has no claim)."""
+        if self.fetch is None or self.db.dialect != "postgresql":
+            return None
+        validate_id(session_id)
+        params = {"sid": session_id, "mid": message_id}
+        row = next(iter(await self.fetch(_TURN_SNAPSHOT, params)), None)
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        *opened, version = row
+        if version is None:
+            return None
+        return TurnSnapshot(*_opening(opened), version=str(version))
 
     async def list(
         self,
@@ -148,8 +217,7 @@ class Sessions:
         its call.
         """
         params = {"mid": message_id, "sid": session_id, "cid": call_id}
-        async with self.db.read(single=True) as conn:
-            row = await _TOOL_PART.first(conn, self.db.dialect, params)
+        row = next(iter(await self._read(_TOOL_PART, params)), None)
         return _tool_part(None if row is None else row[0])
 
     async def tool_call(
@@ -159,8 +227,7 @@ class Sessions:
         a tool activity reads before it runs)."""
         validate_id(session_id)
         params = {"sid": session_id, "mid": message_id, "cid": call_id}
-        async with self.db.read(single=True) as conn:
-            row = await _SESSION_AND_TOOL_PART.first(conn, self.db.dialect, params)
+        row = next(iter(await self._read(_SESSION_AND_TOOL_PART, params)), None)
         if row is None:
             raise SessionNotFoundError(session_id)
         *columns, position, data = row
@@ -171,8 +238,7 @@ class Sessions:
     async def messages(self, session_id: str, *, tx: Tx | None = None) -> builtins.list[Message]:
         """The projected history, in seq order (read in ``tx`` when given)."""
         validate_id(session_id)
-        async with self.db.reading(tx) as conn:
-            rows = await _MESSAGES.rows(conn, self.db.dialect, {"sid": session_id})
+        rows = await self._read(_MESSAGES, {"sid": session_id}, tx=tx)
         messages: builtins.list[Message] = []
         for _seq, position, data in rows:  # each message, then its parts (one snapshot)
             if position == -1:
@@ -195,15 +261,59 @@ def _waiting(*conditions: Any) -> Any:
     )
 
 
-_OPENING = Prepared(
-    lambda _dialect: sa.select(
+_m, _p = message_table.c, part_table.c
+
+
+def _latest_assistant(column: Any) -> Any:
+    return (
+        sa.select(column)
+        .where(_m.session_id == sa.bindparam("sid"), _m.type == "assistant")
+        .order_by(_m.seq.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def _opening_query() -> Any:
+    return sa.select(
         session_table,
         _waiting(_i.type == "compaction").label("compaction_pending"),
         _waiting(_i.type == "prompt", _i.delivery == "steer").label("steer_pending"),
         _waiting(_i.type == "prompt", _i.delivery == "queue").label("queue_pending"),
+        # The step's basis (``StepBasis``).
+        sa.select(sequence_table.c.seq)
+        .where(sequence_table.c.aggregate_id == sa.bindparam("sid"))
+        .scalar_subquery()
+        .label("last_seq"),
+        sa.exists().where(_m.id == sa.bindparam("mid")).label("message_exists"),
+        _latest_assistant(_m.data).label("latest_assistant"),
     ).where(_s.id == sa.bindparam("sid"))
+
+
+_OPENING = Prepared(lambda _dialect: _opening_query())
+# PostgreSQL only: the claim row's version (``xmin``: the transaction that last wrote it).
+_TURN_SNAPSHOT = Prepared(
+    lambda _dialect: _opening_query().add_columns(
+        sa.select(sa.literal_column("session_execution.xmin::text"))
+        .select_from(execution_table)
+        .where(execution_table.c.session_id == sa.bindparam("sid"))
+        .scalar_subquery()
+        .label("claim_version")
+    )
 )
-_m, _p = message_table.c, part_table.c
+
+
+def _opening(row: Sequence[Any]) -> tuple[SessionInfo, Pending, StepBasis]:
+    """``opening``'s answer from its statement's row."""
+    columns, flags = row[: len(_SESSION_COLUMNS)], row[len(_SESSION_COLUMNS) :]
+    info = _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, columns, strict=True))))
+    compaction, steer, queue, seq, exists, latest = flags
+    pending = Pending(compaction=bool(compaction), steer=bool(steer), queue=bool(queue))
+    # A session without a log row yet (none is made so) would have its first event at seq 0.
+    last = -1 if seq is None else int(seq)
+    return info, pending, StepBasis(last, bool(exists), latest)
+
+
 # Every message in seq order, each followed by its parts in order, in one statement.
 _MESSAGES = Prepared(
     lambda _dialect: sa.union_all(

@@ -4,7 +4,7 @@ Faults are armed by count, never drawn at random, so a test that arms them alway
 ``arm(commit_then_fail=1)`` makes the next store commit land and then raise a lost connection
 to its caller (Temporal's ``ExecuteAndTimeout``); ``arm(before=[...])`` makes the next
 statements fail before they run with the given faults; ``strike(marker, [...])`` makes the next
-pooled write statements that carry ``marker`` (in their SQL or their parameters: a stored
+write statements on PostgreSQL that carry ``marker`` (in their SQL or their parameters: a stored
 event type, a column being set) fail with the given faults, one each, in order. Every path
 the store writes through is covered: SQLAlchemy connections (all engines, by class-level
 events), and the hot path's own driver connections (``store.fast``: psycopg autocommit
@@ -76,7 +76,8 @@ class Injector:
         self.before += before or []
 
     def strike(self, marker: str, faults: list[Fault]) -> None:
-        """The next pooled write statements carrying ``marker`` meet ``faults``, one each."""
+        """The next write statements carrying ``marker`` meet ``faults``, one each: on the
+        pooled connections or the hot path's (a step's end is one statement there)."""
         self.strikes += [(marker, fault) for fault in faults]
 
     def _aimed(self, statement: str, parameters: Any, dialect: str) -> Exception | None:
@@ -172,13 +173,14 @@ class Injector:
 
     @staticmethod
     def _carries(parameters: Any, marker: str) -> bool:
+        """Whether a parameter is ``marker``, or a list holding it (the hot path passes a
+        batch's event types as one array)."""
         sets = parameters if isinstance(parameters, list | tuple) else [parameters]
         return any(
-            value == marker
+            value == marker or (isinstance(value, list) and marker in value)
             for one in sets
             if isinstance(one, dict)
             for value in one.values()
-            if isinstance(value, str)
         )
 
     def _commit(self, conn: Any) -> None:
@@ -201,7 +203,7 @@ class Injector:
 
 
 def _writes(statement: str) -> bool:
-    head = statement.lstrip()[:6].upper()
+    head = " ".join(statement.split())[:6].upper()  # the hot path's CTEs start "WITH\nrenewed"
     return head in ("INSERT", "UPDATE", "DELETE", "WITH R") or "FOR UPDATE" in statement
 
 
@@ -216,10 +218,18 @@ class _Psycopg:
         return getattr(self._conn, name)
 
     async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        error = self._injector.take_before("postgresql", inside=True)  # each one writes
+        if not _writes(str(args[0])):
+            # A step's end reads its message here first: READ COMMITTED never aborts a plain
+            # read as a conflict, and a read's commit has nothing to lose.
+            return await self._conn.execute(*args, **kwargs)
+        parameters = args[1] if len(args) > 1 else kwargs.get("params")
+        aimed = self._injector._aimed(str(args[0]), parameters, "postgresql")
+        if aimed is not None:
+            raise aimed
+        error = self._injector.take_before("postgresql", inside=True)
         if error is not None:
             raise error
-        hit = self._injector._matching(args[1] if len(args) > 1 else kwargs.get("params"))
+        hit = self._injector._matching(parameters)
         cursor = await self._conn.execute(*args, **kwargs)
         if hit is not None:
             self._injector.commit_on.remove(hit)

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from activities.runtime import Runtime
 from activities.tools import testing as tools
 from activities.turn import TurnActivities
@@ -21,7 +23,7 @@ from sessionflow.models.drain import TurnInput
 from store import Store
 from store.claims import Claim
 from tests.conftest import Target
-from tests.store.helpers import rows, statements
+from tests.store.helpers import round_trips, rows, statements
 
 MESSAGE = "msg_turn"
 
@@ -56,18 +58,42 @@ async def _claim_row(store: Store, sid: str) -> tuple[str, str | None, int]:
     return str(phase), mid, int(attempt)
 
 
-async def test_an_opening_with_nothing_pending_takes_three_statements(
+async def test_an_opening_with_nothing_pending_takes_two_statements(
     store: Store, tmp_path: Path
 ) -> None:
     sid, claim = await _session(store, tmp_path)
-    with statements(store) as sent:
+    with round_trips() as sent:
         begun = await _begin(store, claim)
     assert (begun.step, begun.index) == (2, 0)
+    assert begun.basis.seq == await store.events.latest_sequence(sid)
     assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
     if store.db.dialect == "postgresql":
-        # renew + phase; the session with what waits; the request count
-        assert len(sent) == 3, sent
+        # the session with what waits and its claim row's version; the fence recording the
+        # phase with the request's count (a transaction of five before)
+        assert len(sent) == 2, sent
     assert (await _begin(store, claim)).index == 1
+
+
+async def test_an_opening_with_a_fenced_write_after_its_read_takes_the_general_path(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fenced write (here a renewal) between the opening's read and its write: the write
+    refuses, nothing is counted twice, and the general path opens the turn."""
+    sid, claim = await _session(store, tmp_path)
+    read = store.sessions.turn_snapshot
+
+    async def then_renewed(session_id: str, message_id: str) -> Any:
+        snapshot = await read(session_id, message_id)
+        await store.claims.renew(claim)
+        return snapshot
+
+    monkeypatch.setattr(store.sessions, "turn_snapshot", then_renewed)
+    with statements(store) as general:
+        begun = await _begin(store, claim)
+    assert begun.index == 0  # counted once
+    assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
+    if store.db.dialect == "postgresql":
+        assert len(general) >= 3, general  # renew + phase; the session; the request count
 
 
 async def test_an_opening_promotes_the_queued_prompt_then_the_steers(
@@ -82,6 +108,9 @@ async def test_an_opening_promotes_the_queued_prompt_then_the_steers(
     pending = {r.id for r in await store.inputs.pending(sid)}
     assert queued.id not in pending and steer.id not in pending and len(pending) == 1
     assert await _claim_row(store, sid) == ("unknown", MESSAGE, 1)
+    # What the step starts on: the log as the opening left it, its promotions included.
+    assert begun.basis.seq == await store.events.latest_sequence(sid)
+    assert (begun.basis.exists, begun.basis.latest) == (False, None)
 
 
 async def test_an_opening_promotes_nothing_behind_a_compaction(

@@ -103,3 +103,53 @@ def statements(store: Store) -> Iterator[list[str]]:
         yield sent
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
+
+
+@contextmanager
+def round_trips() -> Iterator[list[str]]:
+    """Every round trip to PostgreSQL meanwhile, through SQLAlchemy's pool and the hot path's
+    own connections alike (as ``bench/counting.py`` counts them): a statement sent, the BEGIN
+    psycopg sends before the first statement of a transaction, and a COMMIT or ROLLBACK that
+    reaches the server. The doorbells (NOTIFY, LISTEN) are left out. Empty on SQLite."""
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    sent: list[str] = []
+    cursor, connection = psycopg.AsyncCursor, psycopg.AsyncConnection
+    execute, executemany = cursor.execute, cursor.executemany
+    commit, rollback = connection.commit, connection.rollback
+
+    def record(conn: Any, query: Any) -> None:
+        text = " ".join(str(query).split())
+        if "pg_notify" in text or text.startswith("LISTEN"):
+            return
+        idle = conn.info.transaction_status == TransactionStatus.IDLE
+        if idle and not conn.autocommit and conn._pipeline is None:
+            sent.append("BEGIN")
+        sent.append(text)
+
+    async def recorded_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        record(self.connection, query)
+        return await execute(self, query, *args, **kwargs)
+
+    async def recorded_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        record(self.connection, query)
+        return await executemany(self, query, *args, **kwargs)
+
+    def ending(original: Any, name: str) -> Any:
+        async def ended(self: Any) -> Any:
+            if self.info.transaction_status != TransactionStatus.IDLE:
+                sent.append(name)
+            return await original(self)
+
+        return ended
+
+    cursor.execute = recorded_execute  # type: ignore[method-assign]
+    cursor.executemany = recorded_executemany  # type: ignore[method-assign]
+    connection.commit = ending(commit, "COMMIT")  # type: ignore[method-assign]
+    connection.rollback = ending(rollback, "ROLLBACK")  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        cursor.execute, cursor.executemany = execute, executemany  # type: ignore[method-assign]
+        connection.commit, connection.rollback = commit, rollback  # type: ignore[method-assign]
