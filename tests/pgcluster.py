@@ -77,6 +77,8 @@ class Cluster:
                 f"unix_socket_directories = '{root}'\n"
                 "max_connections = 100\n"
                 "shared_buffers = 16MB\n"
+                # C4 holds a row across a restart in a prepared transaction.
+                "max_prepared_transactions = 4\n"
             )
         cluster.start()
         return cluster

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -156,10 +157,10 @@ async def test_a_drain_rides_out_its_postgres_server_restarting_mid_stream_and_m
                     h.open_gate(gate)
                     await h.until(lambda: _lock_waiters(pg_cluster, database), timeout=30)
                     await asyncio.to_thread(act, pg_cluster)
-                if stays_down:
-                    await h.until(then, timeout=60)
-                    await h.until(lambda: follower.done() or _follower_retried(caplog))
-                    await asyncio.to_thread(pg_cluster.start)
+                    if stays_down:
+                        await h.until(then, timeout=60)
+                        await h.until(lambda: follower.done() or _follower_retried(caplog))
+                        await asyncio.to_thread(pg_cluster.start)
 
             await outage("stream", lambda: _turn_failed(h, sid))
             await h.until(lambda: h.gate.active == 1, timeout=60)
@@ -195,17 +196,28 @@ async def test_a_drain_rides_out_its_postgres_server_restarting_mid_stream_and_m
 
 @contextlib.asynccontextmanager
 async def _claim_row_held(cluster: Cluster, database: str, sid: str) -> AsyncIterator[None]:
-    """The session's claim row locked by a connection of the test's, so that the drain's next
-    write waits on it inside its transaction: the server then goes away mid-write."""
-    conn = await psycopg.AsyncConnection.connect(cluster.libpq(database))
-    try:
+    """The session's claim row locked by the test, so that the drain's next write waits on it
+    inside its transaction: the server then goes away mid-write.
+
+    The lock is held by a prepared transaction, which outlives the server's restart, and is
+    let go (rolled back) on leaving, the server up again. Held by a session's transaction, it
+    went with that session's backend, and a fast shutdown that ended the holder before the
+    waiter let the waiting write take the row and commit: the write then never met the outage
+    the test is about.
+    """
+    name = f"hold-{uuid.uuid4().hex}"
+    async with await psycopg.AsyncConnection.connect(cluster.libpq(database)) as conn:
         await conn.execute(
             "SELECT 1 FROM session_execution WHERE session_id = %s FOR UPDATE", [sid]
         )
+        await conn.execute(f"PREPARE TRANSACTION '{name}'")
+    try:
         yield
     finally:
-        with contextlib.suppress(psycopg.Error):
-            await conn.close()
+        async with await psycopg.AsyncConnection.connect(
+            cluster.libpq(database), autocommit=True
+        ) as conn:
+            await conn.execute(f"ROLLBACK PREPARED '{name}'")
 
 
 def _lock_waiters(cluster: Cluster, database: str) -> bool:
