@@ -129,6 +129,9 @@ class SessionActivities:
                 await self.store.claims.release_in(tx, fenced)
 
         async with translated():
+            release = not request.keep_claim
+            if await self.store.end_execution(fenced, event, terminal_id, release=release):
+                return
             try:
                 # The terminal event and the release commit together: no window in which the
                 # session is finished but still claimed (or released without its terminal).

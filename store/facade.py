@@ -396,6 +396,38 @@ class Store:
         ended = await self.writer.end_step(params, rows, announce)
         return None if ended is None else waiting(*ended[1:])
 
+    async def end_execution(
+        self, claim: Claim, event: Event, terminal_id: str, *, release: bool
+    ) -> bool:
+        """A busy period's terminal ``event`` (stored as ``terminal_id``), its recoveries
+        forgotten and, with ``release``, its claim released: on PostgreSQL, two statements
+        (``_PG_EXECUTION_READ``, then ``_PG_END_EXECUTION`` fenced on the claim row's version
+        as read) instead of a fenced transaction of seven.
+
+        False when nothing was written: on SQLite, when a retry is pending (the terminal's
+        projection ends it), when the terminal is already there, when the fence refused it or
+        a fenced write came after the read. The caller then takes the general path, which
+        reads again in its transaction and says why.
+        """
+        if not isinstance(self.writer, PostgresWriter):
+            return False
+        if not self.events.projects_only(type(event), projector.EXECUTION_END_EVENTS):
+            return False
+        read = await self.writer.read_execution(claim.session_id, terminal_id)
+        if not read:
+            return False
+        version, latest, written = read[0]
+        if written or (latest is not None and projector.retry_pending(latest)):
+            return False
+        rows = self.events.prepare_rows([event], Stamp(claim.execution_id, claim.epoch))
+        rows[0]["id"] = terminal_id
+        params = {**_batch_params(claim, rows, [], None), "version": version}
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            self.events.committed(rows, [event])
+
+        return await self.writer.end_execution(params, rows, announce, release=release)
+
     async def close(self) -> None:
         await self.notifier.close()
         if self.writer is not None:

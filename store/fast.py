@@ -248,6 +248,46 @@ SELECT (SELECT seq FROM allocated) AS last,
 """
 
 
+# A busy period's end as ``Store.end_execution`` reads it: the version of the session's claim
+# row (as ``_PG_STEP_READ``), the session's latest assistant message without its parts (a
+# terminal event ends a retry it announced), and whether the terminal is already written.
+_PG_EXECUTION_READ = """
+SELECT xmin::text,
+  (SELECT data FROM session_message
+   WHERE session_id = %(sid)s AND type = 'assistant' ORDER BY seq DESC LIMIT 1),
+  EXISTS (SELECT 1 FROM event WHERE id = %(tid)s)
+FROM session_execution WHERE session_id = %(sid)s
+"""
+
+
+def _pg_end_execution(release: bool) -> str:
+    """A busy period's end (``Store.end_execution``): the fence, fenced on the claim row's
+    version as read too, deletes the claim (``release``) or renews it; the terminal event at
+    the next seq; the session's recoveries forgotten. A refused fence writes nothing."""
+    where = f"""
+  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
+    AND expires_at > {_PG_NOW} AND xmin = %(version)s::xid
+  RETURNING 1"""
+    fence = (
+        f"DELETE FROM session_execution{where}"
+        if release
+        else "UPDATE session_execution\n"
+        f"  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s){where}"
+    )
+    return f"""
+WITH renewed AS (
+  {fence}
+), {_PG_ALLOCATED}, {_PG_INSERTED}, cleared AS (
+  DELETE FROM session_recovery WHERE session_id = %(sid)s AND EXISTS (SELECT 1 FROM renewed)
+  RETURNING 1
+)
+SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM cleared) AS cleared
+"""
+
+
+_PG_END_EXECUTION = {release: _pg_end_execution(release) for release in (False, True)}
+
+
 class SqliteWriter:
     """Fenced appends on SQLite with as little framing as possible.
 
@@ -532,6 +572,24 @@ class PostgresWriter:
                 return await cursor.fetchall()
         except psycopg.Error as error:
             _raise_typed(error, [])
+
+    async def read_execution(self, session_id: str, terminal_id: str) -> list[tuple[Any, ...]]:
+        """``_PG_EXECUTION_READ``'s row (none when the session has no claim)."""
+        return await self.fetch(_PG_EXECUTION_READ, {"sid": session_id, "tid": terminal_id})
+
+    async def end_execution(
+        self,
+        params: dict[str, Any],
+        rows: list[dict[str, Any]],
+        on_commit: OnCommit,
+        *,
+        release: bool,
+    ) -> bool:
+        """``_PG_END_EXECUTION``, the seq assigned to ``rows``' one event; False if the fence
+        refused it (nothing written)."""
+        sql = _PG_END_EXECUTION[release]
+        row = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
+        return row is not None
 
     async def open_turn(self, params: dict[str, Any]) -> int | None:
         """``_PG_OPEN_TURN``: the request's count, or None if the fence refused it (nothing

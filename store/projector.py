@@ -730,7 +730,13 @@ async def _retry(tx: Tx, stored: StoredEvent, event: ev.RetryScheduled) -> None:
     await _save_message(tx, stored, message)
 
 
-@handles(ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
+# What ends a busy period (``finish_execution``): its projection changes nothing but a retry
+# the latest assistant message announced (``_execution_ended``), so on PostgreSQL the store
+# writes one in a statement when no retry is pending (``Store.end_execution``).
+EXECUTION_END_EVENTS = (ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
+
+
+@handles(*EXECUTION_END_EVENTS)
 async def _execution_ended(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
     message = await _latest_assistant(tx, event.session_id, _retrying)
     if message is not None:
@@ -888,6 +894,12 @@ async def project_parts(
 # else, so on PostgreSQL the store projects them in memory on the message as it read it and
 # writes the outcome with the events in one statement (``Store.end_step``).
 STEP_END_EVENTS = (ev.StepEnded, ev.StepFailed, ev.ToolFailed)
+
+
+def retry_pending(data: str) -> bool:
+    """Whether a message as stored (its own row, without parts) announces a retry."""
+    message = codec.load_model(MESSAGE_ADAPTER, data)
+    return isinstance(message, AssistantMessage) and _retrying(message)
 
 
 def ends_step_only(message: AssistantMessage, events: Sequence[ev.Event]) -> bool:
