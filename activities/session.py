@@ -93,10 +93,18 @@ class SessionActivities:
             )
 
         async with translated():
-            # The claim and its execution.started commit together (retried whole: C6).
-            claim = await self.store.claims.acquire_with(
-                request.session_id, request.execution_id, request.owner_id, start
+            # The claim and its execution.started commit together: in one statement when the
+            # session has no claim row (PostgreSQL), else in a transaction retried whole (C6).
+            claim = await self.store.claim_at_once(
+                request.session_id,
+                request.execution_id,
+                request.owner_id,
+                [(started, f"evt_{request.execution_id}_started")],
             )
+            if claim is None:
+                claim = await self.store.claims.acquire_with(
+                    request.session_id, request.execution_id, request.owner_id, start
+                )
             return to_ref(claim)
 
     @activity.defn

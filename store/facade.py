@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry import trace
 
 from sessionflow.errors import StoreUnavailableError
-from sessionflow.ids import new_ids
+from sessionflow.ids import new_ids, validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.events import Event
 from sessionflow.models.messages import AssistantMessage
@@ -395,6 +395,41 @@ class Store:
 
         ended = await self.writer.end_step(params, rows, announce)
         return None if ended is None else waiting(*ended[1:])
+
+    async def claim_at_once(
+        self,
+        session_id: str,
+        execution_id: str,
+        owner_id: str,
+        started: Sequence[tuple[Event, str]],
+    ) -> Claim | None:
+        """On PostgreSQL, a session's first claim since its last release, with the events it
+        starts (each with its id), in one statement (``_PG_CLAIM``) instead of a transaction of
+        nine. None when nothing was written: on SQLite, or when the session has a claim row (a
+        live claim, an expired one to take over, this execution's own) or the events exist;
+        the caller then takes the general path (``Claims.acquire_with``), which says why."""
+        if not isinstance(self.writer, PostgresWriter):
+            return None
+        validate_id(session_id)
+        validate_id(execution_id, "execution")
+        events = [event for event, _id in started]
+        if not all(self.events.projects_only(type(event), ()) for event in events):
+            return None
+        rows = self.events.prepare_rows(events, Stamp(execution_id, 0))
+        for row, (_event, id) in zip(rows, started, strict=True):
+            row["id"] = id
+        lease = self.claims.lease_ms
+        claim = Claim(session_id, execution_id, owner_id, 0, 0, lease)
+        params = {**_batch_params(claim, rows, [], None)}
+
+        def announce() -> None:  # runs with the commit, before a cancellation can cut in
+            self.events.committed(rows, events)
+
+        granted = await self.writer.claim(params, rows, announce)
+        if granted is None:
+            return None
+        epoch, expires_at = granted
+        return Claim(session_id, execution_id, owner_id, epoch, expires_at, lease)
 
     async def end_execution(
         self, claim: Claim, event: Event, terminal_id: str, *, release: bool

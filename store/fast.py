@@ -288,6 +288,44 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM cleared) AS cl
 _PG_END_EXECUTION = {release: _pg_end_execution(release) for release in (False, True)}
 
 
+# A session's first claim since its last release, with what the claim starts (its
+# ``execution.started``), in one statement (``Store.claim_at_once``): the claim at the epoch
+# after the session's last, only where the session has no claim row (a live claim, an expired
+# one to take over, or this execution's own take the general path) and the event is not
+# written yet; its seqs and events; then the session's epoch, after the sequence row, as
+# ``Claims.acquiring`` orders them. An INSERT that meets a concurrent acquirer's uncommitted
+# claim waits for it to commit or roll back, as the general path's does.
+_PG_CLAIM = f"""
+WITH claimed AS (
+  INSERT INTO session_execution (session_id, id, owner_id, epoch, phase, assistant_message_id,
+    step_attempt, time_created, expires_at)
+  SELECT %(sid)s::text, %(eid)s::text, %(owner)s::text, s.claim_epoch + 1, 'ready', NULL, 0,
+    {_PG_NOW}, {_PG_NOW} + %(lease)s
+  FROM session s
+  WHERE s.id = %(sid)s::text AND NOT EXISTS (SELECT 1 FROM event WHERE id = ANY(%(ids)b::text[]))
+  ON CONFLICT (session_id) DO NOTHING
+  RETURNING epoch, expires_at
+), allocated AS (
+  INSERT INTO event_sequence (aggregate_id, seq)
+  SELECT %(agg)s, %(n)s - 1 FROM claimed
+  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
+  RETURNING seq
+), inserted AS (
+  INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
+  SELECT e.id, %(agg)s, a.seq - %(n)s + e.ord, e.created, e.type, e.data, %(eid)s::text, c.epoch
+  FROM allocated a, claimed c,
+       unnest(%(ids)b::text[], %(createds)b::bigint[], %(types)b::text[], %(datas)b::text[])
+         WITH ORDINALITY AS e(id, created, type, data, ord)
+  RETURNING seq
+), epoch AS (
+  UPDATE session SET claim_epoch = c.epoch FROM claimed c WHERE session.id = %(sid)s::text
+  RETURNING 1
+)
+SELECT (SELECT seq FROM allocated) AS last, (SELECT epoch FROM claimed) AS epoch,
+  (SELECT expires_at FROM claimed) AS expires_at, (SELECT count(*) FROM inserted) AS written
+"""
+
+
 class SqliteWriter:
     """Fenced appends on SQLite with as little framing as possible.
 
@@ -591,6 +629,22 @@ class PostgresWriter:
         row = await retry_conflicts(lambda: self._attempt(sql, params, rows, on_commit))
         return row is not None
 
+    async def claim(
+        self, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+    ) -> tuple[int, int] | None:
+        """``_PG_CLAIM``: the new claim's (epoch, expiry), its seqs and epoch assigned to
+        ``rows``; None if the session had a claim row or the events were written (nothing
+        written)."""
+
+        async def attempt() -> tuple[int, int] | None:
+            try:
+                async with self._pool.connection() as conn:
+                    return await settled(_claimed(conn, params, rows, on_commit))
+            except psycopg.Error as error:
+                _raise_typed(error, rows)
+
+        return await retry_conflicts(attempt)
+
     async def open_turn(self, params: dict[str, Any]) -> int | None:
         """``_PG_OPEN_TURN``: the request's count, or None if the fence refused it (nothing
         written)."""
@@ -641,6 +695,21 @@ async def _settle(
     seq = row["seq"] = int(result[0])
     on_commit()
     return seq
+
+
+async def _claimed(
+    conn: Connection, params: dict[str, Any], rows: list[dict[str, Any]], on_commit: OnCommit
+) -> tuple[int, int] | None:
+    cursor = await conn.execute(_PG_CLAIM, params, prepare=True)
+    result = await cursor.fetchone()
+    if result is None or result[0] is None:
+        return None
+    last, epoch, expires_at, _written = result
+    for offset, row in enumerate(rows):
+        row["seq"] = int(last) - len(rows) + 1 + offset
+        row["epoch"] = int(epoch)
+    on_commit()
+    return int(epoch), int(expires_at)
 
 
 async def _commit(
