@@ -544,8 +544,12 @@ def serve(
 ) -> None:
     """Serve the HTTP API and the live session page (settings: SESSIONFLOW_API_*)."""
     from sessionflow.api.serve import ApiSettings, event_loop, serve
+    from sessionflow.settings import SettingsError
 
-    api = ApiSettings.from_env(host=host, port=port)
+    try:
+        api = ApiSettings.from_env(host=host, port=port)
+    except SettingsError as error:
+        raise fail(str(error)) from None
     run(
         lambda: serve(Options.address, Options.database_url(), Options.queue(), api),
         loop_factory=event_loop(),

@@ -33,12 +33,49 @@ Environment variables (all optional):
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///.sessionflow/sessionflow.db"
+M = TypeVar("M", bound=BaseModel)
+
+
+class SettingsError(ValueError):
+    """A setting read from the environment is invalid. The message names the variable the user
+    set (not the field it fills), its value and what it takes."""
+
+
+def from_environment(
+    model: type[M],
+    names: Sequence[tuple[str, str]],
+    environ: Mapping[str, str],
+    overrides: Mapping[str, object] | None = None,
+) -> M:
+    """``model`` from the variables ``names`` maps its fields to (unset or empty: the default),
+    then ``overrides`` (a command line's flags; None: not given). An invalid value raises
+    ``SettingsError`` naming the variable, or the field of an override."""
+    values: dict[str, object] = {field: environ[name] for field, name in names if environ.get(name)}
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    values.update(given)
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        variables = dict(names)
+        problems = []
+        for problem in error.errors():
+            field = str(problem["loc"][0]) if problem["loc"] else "?"
+            value = values.get(field)
+            if field in given:  # a flag's value
+                problems.append(f"--{field.replace('_', '-')} {value}: {problem['msg']}.")
+            else:
+                name = variables.get(field, field)
+                problems.append(
+                    f"setting {name}={value!r}: {problem['msg']}. "
+                    "Fix it, or unset the variable to use its default."
+                )
+        raise SettingsError("Invalid " + " Invalid ".join(problems)) from None
 
 
 class Settings(BaseModel):
@@ -62,23 +99,22 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for field, name in (
-            ("database_url", "SESSIONFLOW_DATABASE_URL"),
-            ("lease_ms", "SESSIONFLOW_LEASE_MS"),
-            ("max_event_bytes", "SESSIONFLOW_MAX_EVENT_BYTES"),
-            ("poll_interval_ms", "SESSIONFLOW_POLL_INTERVAL_MS"),
-            ("otel_exporter", "SESSIONFLOW_OTEL_EXPORTER"),
-            ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
-            ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
-            ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
-            ("retry_backoff_ms", "SESSIONFLOW_RETRY_BACKOFF_MS"),
-            ("batch_ms", "SESSIONFLOW_BATCH_MS"),
-            ("sandbox", "SESSIONFLOW_SANDBOX"),
-            ("agents_file", "SESSIONFLOW_AGENTS"),
-            ("db_pool_size", "SESSIONFLOW_DB_POOL_SIZE"),
-            ("db_pool_overflow", "SESSIONFLOW_DB_POOL_OVERFLOW"),
-        ):
-            if env.get(name):
-                values[field] = env[name]
-        return cls.model_validate(values)
+        return from_environment(cls, _VARIABLES, env)
+
+
+_VARIABLES = (
+    ("database_url", "SESSIONFLOW_DATABASE_URL"),
+    ("lease_ms", "SESSIONFLOW_LEASE_MS"),
+    ("max_event_bytes", "SESSIONFLOW_MAX_EVENT_BYTES"),
+    ("poll_interval_ms", "SESSIONFLOW_POLL_INTERVAL_MS"),
+    ("otel_exporter", "SESSIONFLOW_OTEL_EXPORTER"),
+    ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
+    ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
+    ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
+    ("retry_backoff_ms", "SESSIONFLOW_RETRY_BACKOFF_MS"),
+    ("batch_ms", "SESSIONFLOW_BATCH_MS"),
+    ("sandbox", "SESSIONFLOW_SANDBOX"),
+    ("agents_file", "SESSIONFLOW_AGENTS"),
+    ("db_pool_size", "SESSIONFLOW_DB_POOL_SIZE"),
+    ("db_pool_overflow", "SESSIONFLOW_DB_POOL_OVERFLOW"),
+)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionflow.errors import UnsafeBindError
+from sessionflow.settings import from_environment
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 DEFAULT_PORT = 8765
@@ -50,25 +51,23 @@ class ApiSettings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> ApiSettings:
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for field, name in (
-            ("host", "SESSIONFLOW_API_HOST"),
-            ("port", "SESSIONFLOW_API_PORT"),
-            ("token", "SESSIONFLOW_API_TOKEN"),
-            ("cors_origins", "SESSIONFLOW_API_CORS_ORIGINS"),
-            ("max_body_bytes", "SESSIONFLOW_API_MAX_BODY_BYTES"),
-            ("keepalive_s", "SESSIONFLOW_API_KEEPALIVE_S"),
-            ("temporal_ui", "SESSIONFLOW_TEMPORAL_UI_URL"),
-        ):
-            if env.get(name):
-                values[field] = env[name]
-        values.update({key: value for key, value in overrides.items() if value is not None})
-        return cls.model_validate(values)
+        return from_environment(cls, _VARIABLES, env, overrides)
 
     def check_bind(self) -> None:
         """Refuse to listen beyond loopback without a token (``UnsafeBindError``)."""
         if not self.token and not is_loopback(self.host):
             raise UnsafeBindError(self.host)
+
+
+_VARIABLES = (
+    ("host", "SESSIONFLOW_API_HOST"),
+    ("port", "SESSIONFLOW_API_PORT"),
+    ("token", "SESSIONFLOW_API_TOKEN"),
+    ("cors_origins", "SESSIONFLOW_API_CORS_ORIGINS"),
+    ("max_body_bytes", "SESSIONFLOW_API_MAX_BODY_BYTES"),
+    ("keepalive_s", "SESSIONFLOW_API_KEEPALIVE_S"),
+    ("temporal_ui", "SESSIONFLOW_TEMPORAL_UI_URL"),
+)
 
 
 def is_loopback(host: str) -> bool:

@@ -771,3 +771,29 @@ async def test_watch_on_a_terminal_offers_each_waiting_call_for_an_answer(
     replies = [e.data for e in await h.events(sid) if e.type == "session.permission.replied"]
     assert [r["decision"] for r in replies] == ["once", "reject"]
     assert code == 3  # the rejection without a message stopped the busy period (interrupted)
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "value", "told"),
+    [
+        ("worker", "SESSIONFLOW_LEASE_MS", "abc", "SESSIONFLOW_LEASE_MS='abc': Input should be"),
+        ("worker", "SESSIONFLOW_BATCH_MS", "0", "SESSIONFLOW_BATCH_MS='0': Input should be"),
+        ("serve", "SESSIONFLOW_API_PORT", "http", "SESSIONFLOW_API_PORT='http': Input should be"),
+    ],
+)
+def test_a_bad_setting_names_the_variable_the_user_set(
+    tmp_path: Path, command: str, variable: str, value: str, told: str
+) -> None:
+    """An invalid environment variable is named as the user spelled it (not the field it
+    fills), with its value and what to do, in one line before anything starts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionflow.cli", "--temporal", "127.0.0.1:1", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), variable: value},
+    )
+    assert done.returncode == 1, done.stderr
+    assert told in done.stderr and "unset the variable" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
