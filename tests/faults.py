@@ -203,8 +203,10 @@ class Injector:
 
 
 def _writes(statement: str) -> bool:
-    head = " ".join(statement.split())[:6].upper()  # the hot path's CTEs start "WITH\nrenewed"
-    return head in ("INSERT", "UPDATE", "DELETE", "WITH R") or "FOR UPDATE" in statement
+    words = " ".join(statement.split()).upper()
+    if words.startswith("WITH "):  # the hot path's statements: CTEs that write
+        return any(verb in words for verb in ("INSERT INTO", "UPDATE ", "DELETE FROM"))
+    return words[:6] in ("INSERT", "UPDATE", "DELETE") or "FOR UPDATE" in words
 
 
 class _Psycopg:
