@@ -71,7 +71,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -559,6 +559,7 @@ class Round:
     workflow_ids: tuple[str, ...] = ()
     trips: collections.Counter[str] = field(default_factory=collections.Counter)
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    cpu_db: float = 0.0  # the PostgreSQL server's, when it is local
 
     @property
     def sessions_per_second(self) -> float:
@@ -595,6 +596,7 @@ async def drain_round(
     await asyncio.gather(*(one(sid) for sid in sids))
     seconds = time.perf_counter() - started
     cpu_self, cpu_server = cpu.read()
+    cpu_db = cpu.database()
     writes_after, held_after, waited_after = writer.snapshot()
     trips = COUNTER.snapshot() - trips
     calls = collections.Counter(a.type for a in clock.activities[recorded:])
@@ -621,6 +623,7 @@ async def drain_round(
             tuple(f"session-{sid}" for sid in sids),
             trips,
             calls,
+            cpu_db,
         ),
         samples,
     )
@@ -695,11 +698,10 @@ async def history_shape(client: Client, workflow_id: str) -> str:
 # --- CPU accounting -------------------------------------------------------------------------------
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's child processes (the dev server), from /proc."""
+def _cpu_of(chosen: Callable[[str, int], bool]) -> float:
+    """CPU seconds of the processes ``chosen(name, parent pid)`` picks, from /proc."""
     total = 0.0
     ticks = os.sysconf("SC_CLK_TCK")
-    me = os.getpid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -707,19 +709,37 @@ def _children_cpu() -> float:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == me:
+        if chosen(name, int(fields[1])):
             total += (int(fields[11]) + int(fields[12])) / ticks
     return total
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's child processes (the dev server)."""
+    me = os.getpid()
+    return _cpu_of(lambda _name, parent: parent == me)
+
+
+def _postgres_cpu() -> float:
+    """CPU seconds of this machine's PostgreSQL processes (the store's server, when local):
+    the backends that live through a round (the store's pooled connections) are counted."""
+    return _cpu_of(lambda name, _parent: name == "postgres" or name.startswith("postgres:"))
 
 
 class CpuMeter:
     def __init__(self) -> None:
         self.self_start = time.process_time()
         self.server_start = _children_cpu()
+        self.db_start = _postgres_cpu() if DIALECT == "postgresql" else 0.0
 
     def read(self) -> tuple[float, float]:
         return time.process_time() - self.self_start, _children_cpu() - self.server_start
+
+    def database(self) -> float:
+        """The PostgreSQL server's CPU seconds since the start (0 on SQLite: in-process)."""
+        return _postgres_cpu() - self.db_start if DIALECT == "postgresql" else 0.0
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -781,6 +801,11 @@ def print_rounds(rounds: Sequence[Round]) -> None:
                 f"  sessionflow round of {r.seconds:.1f} s: worker CPU "
                 f"{r.cpu_self / r.sessions:.3f} s per session; "
                 f"{r.trips.total() / r.sessions:.0f} {TRIPS[DIALECT]} per session"
+                + (
+                    f"; PostgreSQL server CPU {r.cpu_db / r.sessions:.3f} s per session"
+                    if DIALECT == "postgresql"
+                    else ""
+                )
             )
     for r in rounds:
         if r.writes and DIALECT == "sqlite":
