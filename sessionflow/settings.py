@@ -67,8 +67,8 @@ def from_environment(
         for problem in error.errors():
             field = str(problem["loc"][0]) if problem["loc"] else "?"
             value = values.get(field)
-            if field in given:  # a flag's value
-                problems.append(f"--{field.replace('_', '-')} {value}: {problem['msg']}.")
+            if field in given:  # a value the caller passed (a command line's flag)
+                problems.append(f"{field}={value!r}: {problem['msg']}.")
             else:
                 name = variables.get(field, field)
                 problems.append(

@@ -293,8 +293,11 @@ _PG_END_EXECUTION = {release: _pg_end_execution(release) for release in (False, 
 # after the session's last, only where the session has no claim row (a live claim, an expired
 # one to take over, or this execution's own take the general path) and the event is not
 # written yet; its seqs and events; then the session's epoch, after the sequence row, as
-# ``Claims.acquiring`` orders them. An INSERT that meets a concurrent acquirer's uncommitted
-# claim waits for it to commit or roll back, as the general path's does.
+# ``Claims.acquiring`` orders them. A claim row its snapshot sees, even one another transaction
+# is renewing or releasing, sends it to the general path at once: only there does an acquisition
+# wait for the row, and no longer than its lock timeout (then ``ClaimHeldError``, retried at the
+# holder's expiry). What can still make it wait is a concurrent first claim not yet committed
+# (its INSERT then waits for that one to commit or roll back), a statement's time.
 _PG_CLAIM = f"""
 WITH claimed AS (
   INSERT INTO session_execution (session_id, id, owner_id, epoch, phase, assistant_message_id,
@@ -302,7 +305,9 @@ WITH claimed AS (
   SELECT %(sid)s::text, %(eid)s::text, %(owner)s::text, s.claim_epoch + 1, 'ready', NULL, 0,
     {_PG_NOW}, {_PG_NOW} + %(lease)s
   FROM session s
-  WHERE s.id = %(sid)s::text AND NOT EXISTS (SELECT 1 FROM event WHERE id = ANY(%(ids)b::text[]))
+  WHERE s.id = %(sid)s::text
+    AND NOT EXISTS (SELECT 1 FROM session_execution WHERE session_id = %(sid)s::text)
+    AND NOT EXISTS (SELECT 1 FROM event WHERE id = ANY(%(ids)b::text[]))
   ON CONFLICT (session_id) DO NOTHING
   RETURNING epoch, expires_at
 ), allocated AS (

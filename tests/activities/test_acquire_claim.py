@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.pq import TransactionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities.runtime import Runtime, to_claim
@@ -23,6 +25,9 @@ from sessionflow.errors import ClaimHeldError
 from sessionflow.models import events as ev
 from sessionflow.models.drain import AcquireInput, ClaimRef
 from store import Store
+from store.fast import PostgresWriter
+from tests.conftest import Target
+from tests.faults import injecting
 from tests.store.helpers import round_trips, rows
 from tests.store.test_projector import new_session
 
@@ -96,17 +101,43 @@ async def _not_written(*_args: Any, **_kwargs: Any) -> None:
 
 
 async def test_a_claim_whose_answer_was_lost_is_taken_again_without_a_second_start(
-    store: Store,
+    postgres_target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """C2: the claim committed and its answer was lost; the retried activity finds its own
-    claim (the general path renews it) and writes no second ``execution.started``."""
+    """C2 (PostgreSQL, where the injector reaches the commit): the one-statement claim commits
+    and its answer is lost (the activity fails); the retried activity finds its own claim (the
+    general path renews it) and writes no second ``execution.started``."""
+    store = await postgres_target.open()
+    try:
+        sid = await new_session(store)
+        started = ev.ExecutionStarted.stored_type()
+        with injecting(monkeypatch) as faults:
+            assert isinstance(store.writer, PostgresWriter)
+            await store.writer.close()  # its next connections are the injector's
+            faults.commit_on.append(started)
+            with pytest.raises(ApplicationError, match="StoreUnavailableError"):
+                await _acquire(store, sid, "exec_a")
+            assert faults.seen == {f"commit_then_fail:{started}": 1}
+            again = await _acquire(store, sid, "exec_a")
+        log, claim, epoch = await _state(store, sid)
+    finally:
+        await store.close()
+    assert (again.execution_id, again.epoch) == (_execution(sid, "exec_a"), 1)
+    assert [t for t, *_ in log].count("session.execution.started.1") == 1
+    assert claim == [(_execution(sid, "exec_a"), 1, "ready")] and epoch == 1
+
+
+async def test_a_started_event_already_written_takes_the_general_path(store: Store) -> None:
+    """No claim row, but the execution's ``execution.started`` exists (it claimed and
+    released): the one statement writes nothing, rather than fail on the event's id."""
     sid = await new_session(store)
     first = await _acquire(store, sid, "exec_a")
-    again = await _acquire(store, sid, "exec_a")
-    assert (again.execution_id, again.epoch) == (first.execution_id, first.epoch)
-    log, claim, _ = await _state(store, sid)
-    assert [t for t, *_ in log].count("session.execution.started.1") == 1
-    assert claim == [(_execution(sid, "exec_a"), 1, "ready")]
+    await store.claims.release(to_claim(first))
+    before = await _state(store, sid)
+    execution = _execution(sid, "exec_a")
+    started = ev.ExecutionStarted(session_id=sid, execution_id=execution)
+    event_id = f"evt_{execution}_started"
+    assert await store.claim_at_once(sid, execution, "wf/a", [(started, event_id)]) is None
+    assert await _state(store, sid) == before
 
 
 async def test_a_live_claim_of_another_is_held_and_nothing_is_written(store: Store) -> None:
@@ -136,3 +167,34 @@ async def test_two_acquirers_racing_get_one_claim(store: Store) -> None:
     log, claim, epoch = await _state(store, sid)
     assert [t for t, *_ in log].count("session.execution.started.1") == 1
     assert claim == [(won[0].execution_id, 1, "ready")] and epoch == 1
+
+
+async def test_a_claim_row_being_written_sends_the_claim_to_the_general_path_at_once(
+    store: Store,
+) -> None:
+    """The holder's transaction is renewing its claim row, not yet committed: the one-statement
+    claim answers "not here" while that transaction is still open (it never waits on the row;
+    the general path waits, bounded by its lock timeout, and says who holds the session)."""
+    sid = await new_session(store)
+    await _acquire(store, sid, "exec_a")
+    if store.db.dialect != "postgresql":
+        return  # SQLite claims in the general path only
+    other = _execution(sid, "exec_b")
+    started = ev.ExecutionStarted(session_id=sid, execution_id=other)
+    async with await psycopg.AsyncConnection.connect(store.db.psycopg_conninfo) as holder:
+        await holder.execute(
+            "UPDATE session_execution SET expires_at = expires_at + 1 WHERE session_id = %s",
+            [sid],
+        )
+        attempt = asyncio.ensure_future(
+            store.claim_at_once(sid, other, "wf/b", [(started, f"evt_{other}")])
+        )
+        # A bound for a hung test, not a threshold: the answer must come while the row is held.
+        done, _ = await asyncio.wait([attempt], timeout=60)
+        assert done, "the claim waited on the holder's row"
+        assert attempt.result() is None
+        assert holder.info.transaction_status == TransactionStatus.INTRANS  # still held
+        await holder.rollback()
+    log, claim, _ = await _state(store, sid)
+    assert claim == [(_execution(sid, "exec_a"), 1, "ready")]
+    assert [t for t, *_ in log].count("session.execution.started.1") == 1

@@ -28,6 +28,9 @@ from sessionflow.models.drain import FinishExecutionInput, Outcome
 from sessionflow.models.messages import AssistantMessage
 from store import Store
 from store.claims import Claim
+from store.fast import PostgresWriter
+from tests.conftest import Target
+from tests.faults import injecting
 from tests.store.helpers import round_trips, rows
 from tests.store.test_projector import new_session
 
@@ -157,8 +160,9 @@ async def test_a_pending_retry_or_a_written_terminal_takes_the_general_path(
 async def test_a_fenced_write_after_the_read_hands_the_end_to_the_general_path(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A write of the busy period commits between the read and the end (it moves the claim
-    row's version): the end writes nothing, and the general path ends the busy period once."""
+    """A write of the busy period commits between the read and the end: a retry announced on
+    the step's message, which moves the claim row's version. The one statement writes nothing,
+    and the general path ends the busy period once, ending the retry with it."""
     claim = await _busy(store)
     sid = claim.session_id
     if store.db.dialect != "postgresql":  # SQLite ends inline, in the general path only
@@ -166,31 +170,78 @@ async def test_a_fenced_write_after_the_read_hands_the_end_to_the_general_path(
         assert not await store.end_execution(claim, done, "evt_x", release=True)
         return
     writer = store.writer
-    read = writer.read_execution  # type: ignore[union-attr]
-    written: list[int] = []
+    assert isinstance(writer, PostgresWriter)
+    read, end = writer.read_execution, writer.end_execution
+    ended: list[bool] = []
 
-    async def then_renewed(session_id: str, terminal_id: str) -> list[tuple[Any, ...]]:
+    async def then_retrying(session_id: str, terminal_id: str) -> list[tuple[Any, ...]]:
         row = await read(session_id, terminal_id)
-        await store.claims.renew(claim)  # a fenced write: the row's version moves
-        written.append(1)
+        ids = {"session_id": sid, "assistant_message_id": "msg_" + sid.removeprefix("ses_")}
+        error = SessionError(type="provider.rate-limit", message="busy")
+        retry = ev.RetryScheduled(**ids, attempt=1, at=0, error=error)
+        await store.append(claim, [retry], step_attempt=1)
         return row
 
-    monkeypatch.setattr(writer, "read_execution", then_renewed)
-    with round_trips() as sent:
-        await _finish(store, claim, Outcome(type="succeeded"))
-    assert written and len(sent) > 2  # the refused end, then the general path's transaction
-    types, _, _, kept, _, _ = await _outcome(store, claim)
-    assert types.count("session.execution.succeeded.1") == 1 and kept == []
+    async def spied(*args: Any, **kwargs: Any) -> bool:
+        ended.append(await end(*args, **kwargs))
+        return ended[-1]
+
+    monkeypatch.setattr(writer, "read_execution", then_retrying)
+    monkeypatch.setattr(writer, "end_execution", spied)
+    await _finish(store, claim, Outcome(type="succeeded"))
+    assert ended == [False]  # the version moved: the one statement wrote nothing
+    types, _, _, kept, _, retry = await _outcome(store, claim)
+    assert types[-2:] == ["session.retry.scheduled.1", "session.execution.succeeded.1"]
+    assert types.count("session.execution.succeeded.1") == 1 and kept == [] and retry is None
 
 
-async def test_an_end_whose_answer_was_lost_is_not_written_twice(store: Store) -> None:
-    """C2: the end committed (the claim released with it) and its answer was lost; the retried
-    activity finds the claim gone and its terminal written, and succeeds without a second."""
-    claim = await _busy(store)
-    await _finish(store, claim, Outcome(type="succeeded"))
-    await _finish(store, claim, Outcome(type="succeeded"))
-    types, *_ = await _outcome(store, claim)
-    assert types.count("session.execution.succeeded.1") == 1
+@pytest.mark.parametrize("keep", [False, True])
+async def test_an_end_whose_answer_was_lost_is_not_written_twice(
+    postgres_target: Target, monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    """C2 (PostgreSQL, where the injector reaches the commit): the end commits and its answer
+    is lost (the activity fails); the retried activity finds its terminal written (released:
+    the claim gone; kept: the terminal there) and succeeds without a second."""
+    store = await postgres_target.open()
+    try:
+        claim = await _busy(store)
+        terminal = ev.ExecutionSucceeded.stored_type()
+        with injecting(monkeypatch) as faults:
+            assert isinstance(store.writer, PostgresWriter)
+            await store.writer.close()  # its next connections are the injector's
+            faults.commit_on.append(terminal)
+            with pytest.raises(ApplicationError, match="StoreUnavailableError"):
+                await _finish(store, claim, Outcome(type="succeeded"), keep)
+            assert faults.seen == {f"commit_then_fail:{terminal}": 1}
+            await _finish(store, claim, Outcome(type="succeeded"), keep)
+        types, _, stamp, kept, _, _ = await _outcome(store, claim)
+    finally:
+        await store.close()
+    assert types.count("session.execution.succeeded.1") == 1 and stamp
+    assert len(kept) == int(keep)
+
+
+async def test_a_late_end_of_a_superseded_execution_leaves_the_recovery_alone(
+    store: Store,
+) -> None:
+    """The execution died, another took the session over (recording a recovery for it), then
+    the dead one's end arrives late: it writes nothing, and the recovery its successor must
+    run is still there."""
+    sid = await new_session(store)
+    dead = await store.claims.acquire(sid, f"dead_{sid}", "owner", lease_ms=1)
+    await asyncio.sleep(0.01)  # the database's clock passes the dead claim's expiry
+    await store.claims.acquire(sid, f"exec_{sid}", "owner")
+    recovery = "SELECT execution_id FROM session_recovery WHERE session_id = :s"
+    assert await rows(store, recovery, s=sid) == [(dead.execution_id,)]
+    before = await store.events.latest_sequence(sid)
+    done = ev.ExecutionSucceeded(session_id=sid, execution_id=dead.execution_id)
+    tid = f"evt_{dead.execution_id}_succeeded"
+    assert not await store.end_execution(dead, done, tid, release=True)
+    with pytest.raises(ApplicationError) as raised:
+        await _finish(store, dead, Outcome(type="succeeded"))
+    assert raised.value.type == ClaimLostError.__name__
+    assert await rows(store, recovery, s=sid) == [(dead.execution_id,)]
+    assert await store.events.latest_sequence(sid) == before
 
 
 async def test_a_lost_claim_ends_nothing(store: Store) -> None:

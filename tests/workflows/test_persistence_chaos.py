@@ -129,13 +129,15 @@ async def test_conflicts_on_the_fenced_path_are_retried_inside_their_activity(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """C6 on the fenced (pooled, non-hot) path, PostgreSQL: a 40001 and then a 40P01 strike the
-    write of each of the drain's fenced transactions -- the claim with its
-    ``execution.started`` (``claim_and_prepare``), the turn's opening (``_begin``: its
-    request count), a step's settlement (``finish_step``: its ``step.ended``) and the
-    terminal with its release (``finish_execution``). The store runs each again inside the
-    same activity attempt (every fault struck on attempt 1), so no turn is restarted, no step
-    fails, the tool runs once and the drain completes; the checker passes (harness)."""
+    """C6 on the drain's fenced writes, PostgreSQL: a 40001 and then a 40P01 strike the write
+    of each -- the claim with its ``execution.started`` (``claim_and_prepare``), the turn's
+    opening (``_begin``: its request count), a step's settlement (``finish_step``: its
+    ``step.ended``) and the terminal with its release (``finish_execution``). The claim, the
+    step's end and the terminal are one statement each on the hot path, the opening (which
+    promotes the prompt) a pooled transaction; the store runs each again inside the same
+    activity attempt (every fault struck on attempt 1), so no turn is restarted, no step
+    fails, the tool runs once and the drain completes; the checker passes (harness). The
+    pooled path's own retries are tested at the store's level (``test_persistence_faults``)."""
     store = await postgres_target.open()
     aimed = {  # what the write carries: the activity it belongs to
         ev.ExecutionStarted.stored_type(): "claim_and_prepare",
