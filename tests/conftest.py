@@ -86,6 +86,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     if not POSTGRES_URL:
+        if os.environ.get("SESSIONFLOW_TEST_REQUIRE_POSTGRES") or os.environ.get("CI"):
+            # CI (``.ci/run``) runs every PostgreSQL test: a missing URL there is a failure.
+            pytest.fail("SESSIONFLOW_TEST_POSTGRES_URL is not set, and CI requires PostgreSQL")
         pytest.skip("SESSIONFLOW_TEST_POSTGRES_URL is not set (CI sets it)")
     try:
         with psycopg.connect(_libpq(POSTGRES_URL), connect_timeout=5) as conn:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sqlite3
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +26,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 from temporalio import activity
+
+from store import Store
+from store.fast import PostgresWriter
 
 Fault = Literal["serialization", "deadlock", "connection", "timeout", "busy", "commit_then_fail"]
 
@@ -301,3 +304,17 @@ def injecting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Injector]:
     finally:
         for name, fn in listeners:
             event.remove(sa.Engine, name, fn)
+
+
+@asynccontextmanager
+async def answer_lost(
+    store: Store, monkeypatch: pytest.MonkeyPatch, event_type: str
+) -> AsyncIterator[Injector]:
+    """C2 on a PostgreSQL ``store``: the next write of an ``event_type`` event commits, then
+    its answer is lost. The hot path's connections are opened again under the injector first
+    (those opened before it are not wrapped)."""
+    with injecting(monkeypatch) as faults:
+        assert isinstance(store.writer, PostgresWriter), "the injector reaches PostgreSQL's commit"
+        await store.writer.close()  # its next connections are the injector's
+        faults.commit_on.append(event_type)
+        yield faults

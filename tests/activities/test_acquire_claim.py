@@ -25,9 +25,8 @@ from sessionflow.errors import ClaimHeldError
 from sessionflow.models import events as ev
 from sessionflow.models.drain import AcquireInput, ClaimRef
 from store import Store
-from store.fast import PostgresWriter
 from tests.conftest import Target
-from tests.faults import injecting
+from tests.faults import answer_lost
 from tests.store.helpers import round_trips, rows
 from tests.store.test_projector import new_session
 
@@ -110,10 +109,7 @@ async def test_a_claim_whose_answer_was_lost_is_taken_again_without_a_second_sta
     try:
         sid = await new_session(store)
         started = ev.ExecutionStarted.stored_type()
-        with injecting(monkeypatch) as faults:
-            assert isinstance(store.writer, PostgresWriter)
-            await store.writer.close()  # its next connections are the injector's
-            faults.commit_on.append(started)
+        async with answer_lost(store, monkeypatch, started) as faults:
             with pytest.raises(ApplicationError, match="StoreUnavailableError"):
                 await _acquire(store, sid, "exec_a")
             assert faults.seen == {f"commit_then_fail:{started}": 1}

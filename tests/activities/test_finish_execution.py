@@ -30,7 +30,7 @@ from store import Store
 from store.claims import Claim
 from store.fast import PostgresWriter
 from tests.conftest import Target
-from tests.faults import injecting
+from tests.faults import answer_lost
 from tests.store.helpers import round_trips, rows
 from tests.store.test_projector import new_session
 
@@ -206,10 +206,7 @@ async def test_an_end_whose_answer_was_lost_is_not_written_twice(
     try:
         claim = await _busy(store)
         terminal = ev.ExecutionSucceeded.stored_type()
-        with injecting(monkeypatch) as faults:
-            assert isinstance(store.writer, PostgresWriter)
-            await store.writer.close()  # its next connections are the injector's
-            faults.commit_on.append(terminal)
+        async with answer_lost(store, monkeypatch, terminal) as faults:
             with pytest.raises(ApplicationError, match="StoreUnavailableError"):
                 await _finish(store, claim, Outcome(type="succeeded"), keep)
             assert faults.seen == {f"commit_then_fail:{terminal}": 1}
