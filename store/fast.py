@@ -108,7 +108,7 @@ parts AS (
   INSERT INTO session_part (message_id, position, session_id, call_id, data)
   SELECT %(mid)s, p.position, %(sid)s, p.call_id, p.data
   FROM {after},
-       unnest(%(positions)s::int[], %(call_ids)s::text[], %(parts)s::text[])
+       unnest(%(positions)b::int[], %(call_ids)b::text[], %(parts)b::text[])
          AS p(position, call_id, data)
   ON CONFLICT (message_id, position)
     DO UPDATE SET call_id = excluded.call_id, data = excluded.data
