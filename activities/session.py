@@ -261,6 +261,10 @@ class SessionActivities:
     @activity.defn
     async def finish_step(self, request: FinishStepInput) -> FinishStepResult:
         """Settle a step after all its tools: at most one terminal step event (ref. §4.5.14)."""
+        return await self.settle_step(request)
+
+    async def settle_step(self, request: FinishStepInput) -> FinishStepResult:
+        """``finish_step``'s work, also done by a turn that made no local calls."""
         turn, claim = request.turn, to_claim(request.claim)
 
         async def finish(tx: Tx) -> FinishStepResult:

@@ -41,12 +41,20 @@ from activities.providers.limits import model_limits
 from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
+from activities.session import SessionActivities
 from sessionflow import telemetry
 from sessionflow.agents import Agent
 from sessionflow.errors import ContextUnavailableError
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
-from sessionflow.models.drain import CallRef, ToolsReady, TurnInput, TurnResult, workflow_id
+from sessionflow.models.drain import (
+    CallRef,
+    FinishStepInput,
+    ToolsReady,
+    TurnInput,
+    TurnResult,
+    workflow_id,
+)
 from store.claims import Claim, Phase
 from store.db import Tx
 from store.facade import TurnView
@@ -77,6 +85,13 @@ async def count_request(tx: Tx, session_id: str) -> int:
     return int(count) - 1
 
 
+def _settles_itself(result: TurnResult) -> bool:
+    """Does the step end with its turn? Not when tools are to run, nor when the workflow has
+    more to do first: a retry, a compaction, a lost turn."""
+    pending = result.calls or result.retryable or result.overflow or result.compact
+    return not pending and result.lost is None
+
+
 @dataclass(frozen=True)
 class _Begun:
     """An attempt as its opening transaction left it."""
@@ -94,6 +109,7 @@ class _Begun:
 class TurnActivities:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        self.settler = SessionActivities(runtime)
 
     @activity.defn
     async def stream_turn(self, request: TurnInput) -> TurnResult:
@@ -144,7 +160,21 @@ class TurnActivities:
                 span.set_attribute("tokens.output", tokens.output if tokens else 0)
                 span.set_attribute("cost", result.cost)
                 span.set_attribute("tool_calls", len(result.calls))
+            if ran is not None and _settles_itself(result):
+                result = await self._settle(request, result)
             return result
+
+    async def _settle(self, request: TurnInput, result: TurnResult) -> TurnResult:
+        """End a step that made no local calls as the workflow's ``finish_step`` would, under
+        this turn's own attempt: one local activity fewer per user turn. Any failure leaves the
+        settlement to the workflow (``finish_step`` retries it; settling twice writes once)."""
+        settle = FinishStepInput(claim=request.claim, attempt=request.attempt, turn=result)
+        try:
+            settled = await self.settler.settle_step(settle)
+        except Exception as error:
+            log.warning("The turn left its step to the workflow to settle: %s", error)
+            return result
+        return result.model_copy(update={"settled": settled})
 
     async def _would_overflow(
         self, tx: Tx | None, session: SessionInfo, request: TurnInput

@@ -601,7 +601,10 @@ class SessionWorkflow:
             except (asyncio.CancelledError, Interrupted):
                 await self._abort_step(claim, turn)
                 raise Interrupted() from None
-            result = await self._finish_step(claim, turn, infrastructure=infrastructure)
+            if turn.settled is not None and not outcomes:
+                result = turn.settled  # a step without local calls ended with its turn
+            else:
+                result = await self._finish_step(claim, turn, infrastructure=infrastructure)
             if result.failure is not None:
                 raise DrainFailure(result.failure)
             return result.needs_continuation, step, result.pending

@@ -206,6 +206,9 @@ class TurnResult(Model):
     compact: bool = False
     # The provider said the request did not fit (before any output): compact and retry once.
     overflow: bool = False
+    # A step without local calls, settled by the turn itself as ``finish_step`` would have:
+    # the workflow needs no settlement activity (None: it settles the step as before).
+    settled: FinishStepResult | None = None
 
 
 class CompactInput(Model):
@@ -259,6 +262,9 @@ class FinishStepResult(Model):
     pending: PendingResult | None = None
     # A lost turn was closed and a restart message recorded: the next step continues it.
     restarted: bool = False
+
+
+TurnResult.model_rebuild()  # its ``settled`` names FinishStepResult, defined after it
 
 
 class FinishExecutionInput(Model):

@@ -123,6 +123,39 @@ async def test_activities_whose_commit_answer_is_lost_are_retried_and_write_once
     assert "session.synthetic" not in types and "session.step.failed" not in types
 
 
+async def test_a_turn_whose_own_settlement_loses_its_answer_leaves_it_to_the_workflow(
+    temporal_env: WorkflowEnvironment,
+    postgres_target: Target,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step without tools ends with its turn (``stream_turn`` settles it, no
+    ``finish_step``). When that settlement commits and loses its answer (C2), the turn hands
+    the step to the workflow instead of failing: ``finish_step`` finds the step already ended
+    and writes nothing, and the model is not asked again."""
+    store = await postgres_target.open()
+    try:
+        with injecting(monkeypatch) as faults:
+            async with harness(temporal_env.client, store, tmp_path) as h:
+                sid = await h.session([{"text": "done"}])
+                faults.commit_on.append(ev.StepEnded.stored_type())
+                await h.client.prompt(sid, "Go")
+                await h.client.wait_idle(sid, timeout=60)
+                log = await final_log(store, sid)
+                handle = temporal_env.client.get_workflow_handle(f"session-{sid}")
+                await handle.result()
+                history = await handle.fetch_history()
+    finally:
+        await store.close()
+    assert faults.seen == {f"commit_then_fail:{ev.StepEnded.stored_type()}": 1}
+    types = [e.data.type for e in log]
+    assert types.count("session.step.ended") == 1
+    assert types.count("session.step.started") == 1  # one request: the turn was not restarted
+    assert types.count("session.execution.succeeded") == 1
+    recorded = b"".join(e.SerializeToString() for e in history.events)
+    assert b"finish_step" in recorded  # the workflow settled it after all
+
+
 async def test_conflicts_on_the_fenced_path_are_retried_inside_their_activity(
     temporal_env: WorkflowEnvironment,
     postgres_target: Target,
