@@ -9,8 +9,8 @@ reconnects with backoff and rings every doorbell, because notifications sent mea
 Other processes are told after the commit too, never inside the write: a transaction that
 NOTIFYs takes PostgreSQL's cluster-wide notify lock through its commit, so notifying commits
 run one at a time (measured: about half the commits per second of silent ones). The
-``Announcer`` sends, on a connection of its own, one statement for every aggregate committed
-since its last send, with that aggregate's latest seq: rings coalesce per aggregate, a write that
+``Announcer`` sends, on a connection of its own and at most once per ``ANNOUNCE_GAP_S``, one
+statement for every aggregate committed since its last send, with that aggregate's latest seq: rings coalesce per aggregate, a write that
 did not commit (a fenced-out append) sends nothing, and a send that fails is dropped (the
 followers' polling finds the events).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -32,6 +33,9 @@ from store.dialect import NOTIFY_CHANNEL
 log = logging.getLogger(__name__)
 
 _ANNOUNCE = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+# A third of the default batch interval (SESSIONFLOW_BATCH_MS, 30 ms): what a follower in another
+# process may wait at most, under load only, beyond the commit.
+ANNOUNCE_GAP_S = 0.01
 
 
 class Doorbell:
@@ -58,10 +62,19 @@ class Doorbell:
 
 
 class Announcer:
-    """Tells other processes (PostgreSQL NOTIFY) what this one committed, after the commit."""
+    """Tells other processes (PostgreSQL NOTIFY) what this one committed, after the commit.
 
-    def __init__(self, conninfo: str) -> None:
+    Sends are at least ``gap`` seconds apart: rings within it wait and go together. A busy
+    worker commits every few milliseconds, and each send is a statement on this connection
+    and a commit that takes PostgreSQL's notify lock; an idle one rings far less often than
+    that, so its followers hear each commit at once.
+    """
+
+    def __init__(self, conninfo: str, *, gap: float = ANNOUNCE_GAP_S) -> None:
         self._conninfo = conninfo
+        self._gap = gap
+        self._last_send = -math.inf
+        self.sends = 0  # statements sent
         self._pending: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
@@ -79,9 +92,14 @@ class Announcer:
 
     async def _send_forever(self) -> None:
         delay = 0.05
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
+            early = self._last_send + self._gap - loop.time()
+            if early > 0:
+                await asyncio.sleep(early)
             self._wake.clear()
+            self._last_send = loop.time()
             pending, self._pending = self._pending, {}
             try:
                 await self._send([f"{agg} {seq}" for agg, seq in pending.items()])
@@ -100,6 +118,7 @@ class Announcer:
             self.pid = self._conn.info.backend_pid
         await self._conn.execute(_ANNOUNCE, [NOTIFY_CHANNEL, payloads], prepare=True)
         self.sent += len(payloads)
+        self.sends += 1
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -15,7 +15,7 @@ from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from store import Store
 from store.dialect import NOTIFY_CHANNEL
-from store.notify import Doorbell
+from store.notify import Announcer, Doorbell
 from tests.conftest import Target
 from tests.store.conftest import libpq
 
@@ -100,6 +100,32 @@ async def test_notifications_are_sent_after_the_commit_by_the_announcer(
     # a write transaction, which would hold PostgreSQL's notify lock through its commit.
     assert {note.pid for note in notes} == {announcer.pid}
     assert (await store.events.latest_sequence(sid)) == stored[-1].seq
+
+
+async def test_rings_within_the_gap_after_a_send_go_out_together(own_database: str) -> None:
+    """A busy worker's commits share sends: after one, what rings within the gap waits and goes
+    in one statement, each aggregate with its latest seq; the first ring of a quiet spell goes
+    at once."""
+    announcer = Announcer(libpq(own_database), gap=2.0)
+    listener = await listening(own_database)
+    try:
+        announcer.announce("ses_a", 1)
+        first = [note.payload async for note in notes_until(listener, "ses_a 1")]
+        for seq in (2, 3):
+            announcer.announce("ses_a", seq)
+            await asyncio.sleep(0.02)  # time for a send, were the sender free to make one
+        announcer.announce("ses_b", 7)
+        rest: set[str] = set()
+        async for note in listener.notifies():
+            rest.add(note.payload)
+            if {"ses_a 3", "ses_b 7"} <= rest:
+                break
+    finally:
+        await listener.close()
+        await announcer.close()
+    assert first == ["ses_a 1"]
+    assert rest == {"ses_a 3", "ses_b 7"}  # "ses_a 2" was never sent: ses_a 3 superseded it
+    assert announcer.sends == 2
 
 
 async def test_a_claim_renewal_does_not_wait_for_a_busy_pool(
