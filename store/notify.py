@@ -10,9 +10,9 @@ Other processes are told after the commit too, never inside the write: a transac
 NOTIFYs takes PostgreSQL's cluster-wide notify lock through its commit, so notifying commits
 run one at a time (measured: about half the commits per second of silent ones). The
 ``Announcer`` sends, on a connection of its own and at most once per ``ANNOUNCE_GAP_S``, one
-statement for every aggregate committed since its last send, with that aggregate's latest seq: rings coalesce per aggregate, a write that
-did not commit (a fenced-out append) sends nothing, and a send that fails is dropped (the
-followers' polling finds the events).
+statement for every aggregate committed since its last send, with that aggregate's latest
+seq: rings coalesce per aggregate, a write that did not commit (a fenced-out append) sends
+nothing, and a send that fails is dropped (the followers' polling finds the events).
 """
 
 from __future__ import annotations
