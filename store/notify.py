@@ -74,7 +74,6 @@ class Announcer:
         self._conninfo = conninfo
         self._gap = gap
         self._last_send = -math.inf
-        self.sends = 0  # statements sent
         self._pending: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
@@ -118,7 +117,6 @@ class Announcer:
             self.pid = self._conn.info.backend_pid
         await self._conn.execute(_ANNOUNCE, [NOTIFY_CHANNEL, payloads], prepare=True)
         self.sent += len(payloads)
-        self.sends += 1
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None

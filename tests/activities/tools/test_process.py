@@ -38,7 +38,16 @@ def sleeper(spawn: list[subprocess.Popen[bytes]], token: str) -> subprocess.Pope
     script = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
     spawn.append(proc)
-    return proc
+    # Popen returns once the child forked, not once it exec'd: until then its environment is
+    # this process's, without the token the reaper looks for (a command the reaper misses so
+    # is met by its next pass, every 10 s). The tests reap a command that runs.
+    needle = f"{process.TOKEN_VARIABLE}={token}".encode()
+    for _ in range(1000):
+        with open(f"/proc/{proc.pid}/environ", "rb") as file:
+            if needle in file.read():
+                return proc
+        time.sleep(0.01)
+    raise AssertionError(f"the command {proc.pid} never carried its token")
 
 
 def test_a_command_whose_worker_died_before_recording_its_pid_is_still_reaped(
