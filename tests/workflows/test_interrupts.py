@@ -171,11 +171,13 @@ async def test_an_interrupt_during_a_local_activity_waits_for_it_and_interrupts(
 
 
 async def _someone_waits_for(locker: psycopg.AsyncConnection[Any]) -> bool:
-    """Another backend is blocked on a lock (the acquisition, on the locked row)."""
+    """Another backend is blocked by ``locker`` (the acquisition, on the locked row). Not any
+    ungranted lock in the cluster: tests running beside this one wait on locks of their own,
+    and an interrupt sent before the wake has started a busy period cancels the wake (seen
+    in a CI run: nothing was claimed and nothing written)."""
+    blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
     async with await psycopg.AsyncConnection.connect(locker.info.dsn) as probe:
-        row = await (
-            await probe.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-        ).fetchone()
+        row = await (await probe.execute(blocked, (locker.info.backend_pid,))).fetchone()
     return bool(row and row[0])
 
 
