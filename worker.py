@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -186,6 +186,9 @@ def build_worker(
         graceful_shutdown_timeout=graceful_shutdown,
         workflow_runner=runner,
         max_concurrent_activities=max_concurrent_activities,
+        # Clients tell which store the workers of a queue serve from their identities (`new`
+        # refuses to create a session in a store no worker of its queue writes to).
+        identity=f"{identity()} {locate.identity_suffix(store.db.url, store.db.schema)}",
     )
 
 
@@ -247,7 +250,9 @@ async def main() -> None:
     namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")
     quiet_expected_failures()
     # The store the CLI finds from here too (the nearest .sessionflow/ upward), by absolute path.
-    database_url = locate.database_url(os.environ.get("SESSIONFLOW_DATABASE_URL"))
+    database_url = locate.database_url(
+        os.environ.get("SESSIONFLOW_DATABASE_URL"), address=address, task_queue=task_queue
+    )
     store = await open_store(database_url, settings=settings)
     client = await connect_patiently(address, namespace)
     await ensure_search_attribute(client, namespace)
@@ -271,10 +276,28 @@ async def main() -> None:
     shell = describe_sandbox(ToolSettings(sandbox=settings.sandbox))
     (log.info if settings.sandbox and "unavailable" not in shell else log.warning)(shell)
     log.info("worker %s polling %s on %s, store %s", identity(), task_queue, address, database_url)
-    async with serving(worker):
-        await stop.wait()
-        log.info("shutting down")
+    with published(address, task_queue, database_url, kind="worker"):
+        async with serving(worker):
+            await stop.wait()
+            log.info("shutting down")
     await store.close()
+
+
+@contextlib.contextmanager
+def published(address: str, task_queue: str, database_url: str, *, kind: str) -> Iterator[None]:
+    """Record for commands run on this machine that this process serves ``database_url`` to
+    ``task_queue`` (``locate``'s running stacks), for as long as it runs."""
+    record = locate.StackRecord(address, task_queue, database_url, os.getpid(), kind)
+    try:
+        path = locate.publish(record)
+    except OSError as error:  # a read-only home: commands then find the store as before
+        log.warning("cannot record the running stack in %s: %s", locate.directory(), error)
+        yield
+        return
+    try:
+        yield
+    finally:
+        locate.withdraw(path)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,12 @@ T = TypeVar("T")
 
 def _epilog() -> str:
     address = os.environ.get("SESSIONFLOW_TEMPORAL_ADDRESS", DEFAULT_ADDRESS)
+    queue = os.environ.get("SESSIONFLOW_TASK_QUEUE", "sessionflow")
+    store = locate.database_url(address=address, task_queue=queue)
     return (
-        f"Store here: {locate.database_url()} (--database, else SESSIONFLOW_DATABASE_URL, else "
-        f"the nearest .sessionflow/ upward). Temporal: {address}."
+        f"Store here: {store} (--database, else SESSIONFLOW_DATABASE_URL, else the nearest "
+        f".sessionflow/ upward, else the store of a stack running here on {queue}). "
+        f"Temporal: {address}."
     )
 
 
@@ -63,7 +66,7 @@ class Options:
 
     @classmethod
     def database_url(cls) -> str:
-        return locate.database_url(cls.database)
+        return locate.database_url(cls.database, address=cls.address, task_queue=cls.queue())
 
     @classmethod
     def queue(cls) -> str:

@@ -39,7 +39,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import locate, telemetry, validate
 from sessionflow.agents import Agents, load_agents
-from sessionflow.errors import NoWorkerError, RequestNotWaitingError
+from sessionflow.errors import NoWorkerError, RequestNotWaitingError, StoreMismatchError
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
@@ -181,7 +181,8 @@ class SessionClient:
             )
         settings = Settings.from_env()
         if store is None:
-            store = await open_store(locate.database_url(database_url), settings=settings)
+            url = locate.database_url(database_url, address=temporal_address, task_queue=task_queue)
+            store = await open_store(url, settings=settings)
         return cls(client, store, task_queue=task_queue, agents=load_agents(settings.agents_file))
 
     async def __aenter__(self) -> SessionClient:
@@ -242,11 +243,13 @@ class SessionClient:
         rules = [Rule.model_validate(r).model_dump(mode="json") for r in permissions]
         optional = {"permissions": rules, "network": network, "approval_timeout": approval_timeout}
         settings.update({key: value for key, value in optional.items() if value})
+        directory, ref = validate.workspace(workspace), validate.model(model)
+        await self._require_same_store()
         info = await self.store.sessions.create(
-            validate.workspace(workspace),
+            directory,
             session_id=session_id,
             title=title,
-            model=validate.model(model),
+            model=ref,
             settings=settings,
             agent=agent,
         )
@@ -513,6 +516,34 @@ class SessionClient:
         )
         seen_after = time.time() - WORKER_SEEN_S
         return sum(1 for p in response.pollers if p.last_access_time.seconds >= seen_after)
+
+    async def _require_same_store(self) -> None:
+        """Refuse when the workers polling this client's queue all say they write to another
+        store (``StoreMismatchError``); no worker, or workers that do not say, pass."""
+        request = DescribeTaskQueueRequest(
+            namespace=self.temporal.namespace,
+            task_queue=TaskQueue(name=self.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+        try:
+            response = await self.temporal.workflow_service.describe_task_queue(
+                request, timeout=ANSWER_TIMEOUT
+            )
+        except RPCError:
+            return  # an unanswered look is not a mismatch: the prompt says if no worker runs
+        seen_after = time.time() - WORKER_SEEN_S
+        keys = {
+            locate.key_in_identity(p.identity)
+            for p in response.pollers
+            if p.last_access_time.seconds >= seen_after
+        }
+        ours = locate.store_key(self.store.db.url, self.store.db.schema)
+        if not keys or None in keys or ours in keys:
+            return
+        address = self.temporal.service_client.config.target_host
+        theirs = [locate.described(k, address, self.task_queue) for k in sorted(filter(None, keys))]
+        mine = f"{locate.safe_url(self.store.db.url)} (store {ours})"
+        raise StoreMismatchError(self.task_queue, mine, theirs)
 
     async def _polled(self, queue: str) -> bool:
         """Whether a worker polls ``queue``, looking again for a moment before saying no.

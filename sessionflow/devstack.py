@@ -353,7 +353,7 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     from sessionflow.models.drain import TASK_QUEUE
     from sessionflow.settings import Settings
     from store import open_store
-    from worker import build_worker, ensure_sweep_schedule, serving, tools_from_env
+    from worker import build_worker, ensure_sweep_schedule, published, serving, tools_from_env
 
     quiet_expected_failures()
     task_queue = options.task_queue or TASK_QUEUE
@@ -361,29 +361,32 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     store = await open_store(options.database_url, settings=settings)
     try:
         await ensure_sweep_schedule(client, task_queue=task_queue)
-        async with (
-            serving(
-                build_worker(
-                    client,
-                    store,
-                    task_queue=task_queue,
-                    tools=tools_from_env(settings),
-                    sandboxed=settings.workflow_sandbox,
-                )
-            ),
-            dev_api(client, store, task_queue=task_queue, temporal_ui=server.ui_url or "") as api,
-        ):
-            started = "started" if server.pid else "already running"
-            for label, value in (
-                ("Temporal", f"{server.address} ({started}), task queue {task_queue}"),
-                ("Temporal UI", server.ui),
-                ("store", options.database_url),
-                ("API and live page", api),
+        with published(options.address, task_queue, options.database_url, kind="dev"):
+            async with (
+                serving(
+                    build_worker(
+                        client,
+                        store,
+                        task_queue=task_queue,
+                        tools=tools_from_env(settings),
+                        sandboxed=settings.workflow_sandbox,
+                    )
+                ),
+                dev_api(
+                    client, store, task_queue=task_queue, temporal_ui=server.ui_url or ""
+                ) as api,
             ):
-                console.print(f"{label}: {value}", soft_wrap=True, highlight=False)
-            console.print("worker running; Ctrl-C to stop")
-            await stop.wait()
-            console.print("stopping the worker and the dev server…")
+                started = "started" if server.pid else "already running"
+                for label, value in (
+                    ("Temporal", f"{server.address} ({started}), task queue {task_queue}"),
+                    ("Temporal UI", server.ui),
+                    ("store", options.database_url),
+                    ("API and live page", api),
+                ):
+                    console.print(f"{label}: {value}", soft_wrap=True, highlight=False)
+                console.print("worker running; Ctrl-C to stop")
+                await stop.wait()
+                console.print("stopping the worker and the dev server…")
     finally:
         await store.close()
         if server.pid is not None:

@@ -11,7 +11,8 @@
     │   └── RequestNotWaitingError           an answer for a request that is unknown or settled
     ├── ConflictError
     │   ├── InputConflictError               same input id, different content
-    │   └── LifecycleConflictError           an input projection contradicts stored state
+    │   ├── LifecycleConflictError           an input projection contradicts stored state
+    │   └── StoreMismatchError               the workers of the queue write to another store
     ├── StoreError
     │   ├── InvalidDurableEventError         a defect in the event store contract (reference §2.3)
     │   ├── SequenceConflictError            two writers raced for one (aggregate, seq)
@@ -141,6 +142,21 @@ class LifecycleConflictError(ConflictError):
         suffix = f": {detail}" if detail else ""
         super().__init__(f"Session input lifecycle conflict for {input_id}{suffix}")
         self.input_id = input_id
+
+
+class StoreMismatchError(ConflictError):
+    """The workers polling a task queue serve another store than the caller's: a session
+    created here would never run. Nothing was written."""
+
+    def __init__(self, task_queue: str, ours: str, theirs: list[str]) -> None:
+        super().__init__(
+            f"the workers polling task queue {task_queue} write to {' and '.join(theirs)}, not "
+            f"to this store ({ours}): a session created here would never run. Pass --database "
+            f"(or SESSIONFLOW_DATABASE_URL) naming their store, or start a worker on this one."
+        )
+        self.task_queue = task_queue
+        self.ours = ours
+        self.theirs = theirs
 
 
 class StoreError(SessionflowError):

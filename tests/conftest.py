@@ -30,6 +30,9 @@ from store import Store, open_store
 from tests.pgcluster import Cluster, ClusterError
 
 POSTGRES_URL = os.environ.get("SESSIONFLOW_TEST_POSTGRES_URL")
+# Stacks started by tests (dev, worker subprocesses) record themselves here, not in the user's
+# ~/.local/state: nothing a test runs is found by commands outside it, or the other way round.
+os.environ.setdefault("SESSIONFLOW_STACKS_DIR", tempfile.mkdtemp(prefix="sessionflow-stacks-"))
 
 
 @dataclass(frozen=True)

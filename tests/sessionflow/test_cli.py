@@ -797,3 +797,55 @@ def test_a_bad_setting_names_the_variable_the_user_set(
     assert done.returncode == 1, done.stderr
     assert told in done.stderr and "unset the variable" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_dev_in_one_directory_and_the_cli_in_an_unrelated_one_share_one_store(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """`dev` in A publishes its store for its address and queue; from an unrelated B (no
+    .sessionflow/ upward) new, prompt and watch use it, and the session runs. A B that has a
+    store of its own (say an earlier `new` there) is refused at `new`, naming both stores, and
+    nothing is created in it."""
+    from sessionflow import locate
+
+    address = temporal_env.client.service_client.config.target_host
+    queue = f"dev-{os.getpid()}-{time.monotonic_ns()}"
+    here, project = tmp_path / "a", tmp_path / "b"
+    here.mkdir(), project.mkdir()
+    script = project / "model.json"
+    script.write_text(json.dumps({"turns": [{"events": [{"text": "from A's worker"}]}]}))
+    dev = subprocess.Popen(
+        [*Cli(address, None, queue).base, "dev"],
+        cwd=here,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert dev.stdout is not None
+        lines = [await asyncio.to_thread(dev.stdout.readline) for _ in range(5)]
+        assert lines[-1].startswith("worker running"), lines
+        stores = here / ".sessionflow" / "sessionflow.db"
+        run = Cli(address, None, queue, cwd=project)
+        made = await run.json("new", "--workspace", ".", "--model", "scripted/model.json")
+        sid = made["session_id"]
+        await run.json("prompt", sid, "Hello")
+        events = await run.watch(sid)
+        assert events[-1]["type"] == "session.execution.succeeded"
+        assert "from A's worker" in "".join(e["data"].get("delta", "") for e in events)
+        assert not (project / ".sessionflow").exists()
+
+        (project / ".sessionflow").mkdir()  # B's own store now comes first, and is not theirs
+        refused = await run.run("new", "--workspace", ".", "--model", "scripted/model.json")
+        assert refused.returncode == 1, refused.stderr
+        ours = project / ".sessionflow" / "sessionflow.db"
+        assert f"write to sqlite+aiosqlite:///{stores}" in refused.stderr, refused.stderr
+        assert f"not to this store (sqlite+aiosqlite:///{ours}" in refused.stderr
+        assert "--database" in refused.stderr and "Traceback" not in refused.stderr
+        listed = await Cli(address, f"sqlite+aiosqlite:///{ours}", queue).json("sessions")
+        assert listed == []
+    finally:
+        dev.send_signal(signal.SIGINT)
+        await asyncio.to_thread(dev.wait, 30)
+    assert locate.running(address, queue) == []  # the record left with dev
