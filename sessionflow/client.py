@@ -77,6 +77,7 @@ WORKFLOW_TYPE = "SessionWorkflow"
 # Temporal's limit of 2,000 pending activities per workflow (catalogue D6).
 MAX_ACTIVE_TOOLS = 1000
 # A live worker long-polls its task queue about once a minute; one not seen for longer is gone.
+# (A worker of this host whose process has exited is gone at once: ``locate.gone``.)
 WORKER_SEEN_S = 90
 ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
 # A worker that just started polls within moments: look this long before saying there is none.
@@ -506,37 +507,36 @@ class SessionClient:
     async def workers(self, task_queue: str | None = None) -> int:
         """How many workers polled ``task_queue`` (default this client's) for workflow tasks
         in the last ``WORKER_SEEN_S`` seconds."""
+        return len(await self._pollers(task_queue or self.task_queue))
+
+    async def _pollers(self, task_queue: str) -> list[str]:
+        """The identities of the workers that polled ``task_queue`` for workflow tasks in the
+        last ``WORKER_SEEN_S`` seconds, less those of this host whose process has exited."""
         request = DescribeTaskQueueRequest(
             namespace=self.temporal.namespace,
-            task_queue=TaskQueue(name=task_queue or self.task_queue),
+            task_queue=TaskQueue(name=task_queue),
             task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
         )
         response = await self.temporal.workflow_service.describe_task_queue(
             request, timeout=ANSWER_TIMEOUT
         )
         seen_after = time.time() - WORKER_SEEN_S
-        return sum(1 for p in response.pollers if p.last_access_time.seconds >= seen_after)
+        return [
+            p.identity
+            for p in response.pollers
+            if p.last_access_time.seconds >= seen_after and not locate.gone(p.identity)
+        ]
 
     async def _require_same_store(self) -> None:
         """Refuse when the workers polling this client's queue all say they write to another
         store (``StoreMismatchError``); no worker, or workers that do not say, pass."""
-        request = DescribeTaskQueueRequest(
-            namespace=self.temporal.namespace,
-            task_queue=TaskQueue(name=self.task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
         try:
-            response = await self.temporal.workflow_service.describe_task_queue(
-                request, timeout=ANSWER_TIMEOUT
-            )
-        except RPCError:
-            return  # an unanswered look is not a mismatch: the prompt says if no worker runs
-        seen_after = time.time() - WORKER_SEEN_S
-        keys = {
-            locate.key_in_identity(p.identity)
-            for p in response.pollers
-            if p.last_access_time.seconds >= seen_after
-        }
+            identities = await self._pollers(self.task_queue)
+        except (RPCError, RuntimeError):
+            # An unanswered look (or a lazy client that cannot connect) is not a mismatch:
+            # the session is the store's; the prompt says whether a worker runs.
+            return
+        keys = {locate.key_in_identity(identity) for identity in identities}
         ours = locate.store_key(self.store.db.url, self.store.db.schema)
         if not keys or None in keys or ours in keys:
             return
