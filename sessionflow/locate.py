@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -204,6 +205,18 @@ def identity_suffix(url: str, schema: str | None = None) -> str:
 def key_in_identity(identity: str) -> str | None:
     found = _IDENTITY_KEY.search(identity)
     return found.group(1) if found else None
+
+
+def gone(identity: str) -> bool:
+    """Whether the worker with this Temporal identity (``host/pid ...``, as ``worker.py``
+    names its workers) ran on this host in a process that has exited. The server lists a
+    poller for a minute or more after its worker died; on the worker's own host that need not
+    be waited out."""
+    host, _, rest = identity.partition("/")
+    pid = rest.partition(" ")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return not _alive(int(pid))
 
 
 def safe_url(url: str) -> str:
