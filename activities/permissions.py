@@ -10,9 +10,14 @@ names; a bash pattern against each simple command.
 A shell command is parsed with tree-sitter's bash grammar, never split as a string: every
 simple command in it -- in a list, a pipeline, a subshell, a ``$(...)`` or backquotes, an
 ``if`` -- must be allowed for the whole to be. Any deny denies it; otherwise any ask asks.
-A command that does not parse, or whose name is not a literal word (``$cmd``), asks. So does
-an allowed command that writes a file by redirection (``cat a > b``): a read-only allow list
-must not become a way to write.
+A command that does not parse, or whose name is not a literal word (``$cmd``), asks.
+
+A command that writes a file by redirection (``cat a > b``, also ``>b cat a``, ``(cat a) > b``,
+``cat a | cat > b``) is matched with its redirections (``cat a > b``), and an ``allow`` counts
+for it only from a rule that says it may write: one whose pattern names a redirection (has a
+``>``: ``pytest *> out.txt``) or allows any command at all (``*``). A narrower allow
+(``cat *``) leaves it asking, so a read-only allow list does not become a way to write; ``ask``
+and ``deny`` rules apply to it with or without its redirections.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ SUBCOMMANDS = frozenset(
     {"git", "npm", "pnpm", "yarn", "cargo", "go", "pip", "uv", "docker", "kubectl", "make"}
 )
 _WRITES = frozenset({">", ">>", "&>", "&>>", ">|"})
+_REDIRECTS = frozenset({"file_redirect", "heredoc_redirect", "herestring_redirect"})
+_SUBSTITUTIONS = frozenset({"command_substitution", "process_substitution"})
 _SUMMARY = 200
 _RANK: dict[Action, int] = {"allow": 0, "ask": 1, "deny": 2}
 
@@ -58,6 +65,8 @@ class Simple:
     text: str
     literal: bool = True
     writes: bool = False
+    # The command with the redirections that apply to it (``cat a > b``), when it writes.
+    redirected: str = ""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -128,20 +137,47 @@ def _shell(command: str, rules: list[Rule], default: Action) -> Verdict:
     asked: list[str] = []
     denied = ""
     for simple in commands:
-        action = decide(rules, "bash", simple.text, default)
-        if action == "allow" and (simple.writes or not simple.literal):
+        if simple.writes:
+            action = _decide_write(rules, simple, default)
+        else:
+            action = decide(rules, "bash", simple.text, default)
+        if action == "allow" and not simple.literal:
             action = "ask"
         if action == "ask":
-            asked.append(always_pattern(simple.text))
+            asked.append(always_pattern(simple.text, simple.redirected))
         if action == "deny" and not denied:
             denied = simple.text
         worst = max(worst, action, key=_RANK.__getitem__)
     return Verdict(worst, tuple(dict.fromkeys(asked)), summary, denied)
 
 
-def always_pattern(command: str) -> str:
+def writes_anything(pattern: str) -> bool:
+    """Whether an allow rule with ``pattern`` lets a command write by redirection: it names a
+    redirection, or it allows every command anyway."""
+    return ">" in pattern or set(pattern) <= {"*"}
+
+
+def _decide_write(rules: Iterable[Rule], simple: Simple, default: Action) -> Action:
+    """``decide`` for a command that writes by redirection: the last matching rule wins, but
+    an allow that does not cover writing (``writes_anything``) asks unless a covering allow
+    before it already allowed the command."""
+    full = simple.redirected or simple.text
+    action: Action = "ask" if default == "allow" else default
+    for rule in rules:
+        if not matches(rule.tool, "bash"):
+            continue
+        if rule.action == "allow" and writes_anything(rule.pattern):
+            if matches(rule.pattern, full):
+                action = "allow"
+        elif matches(rule.pattern, simple.text) or matches(rule.pattern, full):
+            action = rule.action if rule.action != "allow" or action == "allow" else "ask"
+    return action
+
+
+def always_pattern(command: str, redirected: str = "") -> str:
     """The allow rule an ``always`` answer adds for one simple command: its name (and its
-    subcommand, for the tools in ``SUBCOMMANDS``) followed by anything."""
+    subcommand, for the tools in ``SUBCOMMANDS``) followed by anything, and the redirections
+    of one that writes (``pytest *> out.txt``), so that the answer allows what it was asked."""
     words = command.split()
     if not words:
         return command
@@ -150,7 +186,8 @@ def always_pattern(command: str) -> str:
         if words[0] in SUBCOMMANDS and len(words) > 1 and words[1][:1] != "-"
         else words[:1]
     )
-    return " ".join(head) + " *"
+    suffix = redirected[len(command) :].strip() if redirected.startswith(command) else ""
+    return " ".join(head) + (f" *{suffix}" if suffix else " *")
 
 
 @functools.cache
@@ -170,30 +207,48 @@ def _simple(node: Node) -> Iterator[Simple]:
     if node.type == "command":
         name = node.child_by_field_name("name")
         literal = name is not None and all(c.type == "word" for c in name.children)
-        yield Simple(_text(node), literal=literal, writes=_writes(node.parent))
+        redirects = _redirects(node)
+        writes = any(_writes(redirect) for redirect in redirects)
+        text = _text(node, skip=redirects)
+        outer = " ".join(_text(r) for r in redirects)
+        yield Simple(text, literal, writes, f"{text} {outer}" if writes else "")
     for child in node.children:
         yield from _simple(child)
 
 
-def _writes(parent: Node | None) -> bool:
-    if parent is None or parent.type != "redirected_statement":
+def _redirects(command: Node) -> list[Node]:
+    """The redirections that apply to ``command``: its own (``>b cat a``) and those of every
+    statement around it (``(cat a) > b``, ``{ …; } > b``, ``a | b > c``), up to the
+    ``$(…)`` or ``<(…)`` it is in, whose output goes elsewhere."""
+    found: list[Node] = []
+    node: Node | None = command
+    while node is not None and node.type not in _SUBSTITUTIONS:
+        found += [c for c in node.children if c.type in _REDIRECTS]
+        node = node.parent
+    return found
+
+
+def _writes(redirect: Node) -> bool:
+    if redirect.type != "file_redirect":
         return False
-    for redirect in parent.children:
-        if redirect.type != "file_redirect":
-            continue
-        operator = next((c for c in redirect.children if not c.is_named), None)
-        target = redirect.child_by_field_name("destination") or redirect.children[-1]
-        op = _text(operator) if operator is not None else ""
-        where = _text(target)
-        if where == "/dev/null":
-            continue
-        if op in _WRITES or (op == ">&" and not where.isdigit() and where != "-"):
-            return True
-    return False
+    operator = next((c for c in redirect.children if not c.is_named), None)
+    target = redirect.child_by_field_name("destination") or redirect.children[-1]
+    op = _text(operator) if operator is not None else ""
+    where = _text(target)
+    if where == "/dev/null":
+        return False
+    return op in _WRITES or (op == ">&" and not where.isdigit() and where != "-")
 
 
-def _text(node: Node) -> str:
-    return " ".join((node.text or b"").decode(errors="replace").split())
+def _text(node: Node, skip: Iterable[Node] = ()) -> str:
+    """The node's source with whitespace collapsed, without the child nodes in ``skip`` (a
+    command's own redirections, which belong with the others in ``Simple.redirected``)."""
+    raw = node.text or b""
+    for child in sorted(skip, key=lambda c: c.start_byte, reverse=True):
+        if child.parent == node:
+            start, end = child.start_byte - node.start_byte, child.end_byte - node.start_byte
+            raw = raw[:start] + raw[end:]
+    return " ".join(raw.decode(errors="replace").split())
 
 
 def _clip(text: str) -> str:

@@ -44,6 +44,60 @@ def test_compound_commands_need_every_part(command: str, expected: str) -> None:
     assert action(command) == expected
 
 
+ALLOW_ALL = [Rule(tool="bash", pattern="*", action="allow")]
+# Commands that write by redirection, each with what it runs (allowed by a narrow allow alone).
+WRITERS = {
+    "pytest > out.txt": "pytest",
+    "pytest -q > out.txt 2>&1": "pytest -q",
+    "cat a >> b": "cat a",
+    ">b cat a": "cat a",
+    "(cat a) > b": "(cat a)",
+    "cat a | cat > b": "cat a | cat",
+    "{ cat a; } > b": "{ cat a; }",
+}
+
+
+@pytest.mark.parametrize("command", [*WRITERS, "{ ls; } > b", "ls &> b"])
+def test_a_catch_all_allow_lets_a_command_write_by_redirection(command: str) -> None:
+    """Issue 32: ``allow *`` allowed everything but a redirect, which asked."""
+    assert action(command, ALLOW_ALL) == "allow"
+
+
+@pytest.mark.parametrize(("command", "runs"), WRITERS.items())
+def test_a_narrow_allow_still_asks_before_a_redirect_writes(command: str, runs: str) -> None:
+    """``cat *`` (the build agent's) or ``pytest *`` does not say the command may write: the
+    README's rule. Redirections in front, on a subshell or a group count too."""
+    rules = [*BASH, Rule(tool="bash", pattern="pytest *", action="allow")]
+    assert action(command, rules) == "ask"
+    assert action(runs, rules) == "allow"
+
+
+def test_a_rule_naming_the_redirection_allows_it() -> None:
+    rules = [*BASH, Rule(tool="bash", pattern="pytest *> out.txt", action="allow")]
+    assert action("pytest -q > out.txt", rules) == "allow"
+    assert action("pytest > out.txt", rules) == "allow"
+    assert action("pytest > other.txt", rules) == "ask"
+
+
+def test_ask_and_deny_rules_see_the_redirection() -> None:
+    rules = [*ALLOW_ALL, Rule(tool="bash", pattern="*> .github/*", action="deny")]
+    assert action("echo x > .github/ci.yml", rules) == "deny"
+    assert action("echo x > ci.yml", rules) == "allow"
+    assert action("rm -rf x > log", [*ALLOW_ALL, Rule(tool="bash", pattern="rm *", action="deny")])
+    assert action("rm x > log", [*ALLOW_ALL, *BASH]) == "deny"
+    # A narrow allow after the catch-all takes nothing away.
+    narrow = Rule(tool="bash", pattern="cat *", action="allow")
+    assert action("cat a > b", [*ALLOW_ALL, narrow]) == "allow"
+
+
+def test_an_always_answer_to_a_redirect_allows_it_next_time() -> None:
+    verdict = evaluate("bash", {"command": "pytest -q > out.txt 2>&1"}, BASH, "ask", "/ws")
+    assert verdict.action == "ask" and verdict.patterns == ("pytest *> out.txt 2>&1",)
+    rules = [*BASH, *(Rule(tool="bash", pattern=p, action="allow") for p in verdict.patterns)]
+    assert action("pytest -x tests > out.txt 2>&1", rules) == "allow"
+    assert action("pytest > elsewhere", rules) == "ask"
+
+
 def test_the_last_matching_rule_wins() -> None:
     rules = [Rule(tool="bash", action="deny"), Rule(tool="bash", pattern="git *", action="allow")]
     assert action("git push", rules) == "allow" and action("make", rules) == "deny"
