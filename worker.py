@@ -90,10 +90,18 @@ def tools_from_env(settings: Settings | None = None) -> ToolRegistry:
 
 def builtin_tools(settings: Settings | None = None) -> list[Any]:
     """The built-ins, protecting the store's own SQLite files wherever they are."""
-    settings = settings or Settings.from_env()
-    protected = (*platform_protected(), *database_paths(settings.database_url))
-    tool_settings = ToolSettings(protected_paths=protected, sandbox=settings.sandbox)
-    return default_registry(tool_settings).tools()
+    return default_registry(tool_settings(settings or Settings.from_env())).tools()
+
+
+def tool_settings(settings: Settings) -> ToolSettings:
+    """The built-ins' settings: the store's own SQLite files protected wherever they are, and
+    the shell sandbox as the worker's settings say."""
+    return ToolSettings(
+        protected_paths=(*platform_protected(), *database_paths(settings.database_url)),
+        sandbox=settings.sandbox,
+        sandbox_mount=settings.sandbox_mount,
+        sandbox_hide=settings.sandbox_hide,
+    )
 
 
 def demo_tools(settings: Settings | None = None) -> ToolRegistry:
@@ -273,7 +281,7 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    shell = describe_sandbox(ToolSettings(sandbox=settings.sandbox))
+    shell = describe_sandbox(tool_settings(settings))
     (log.info if settings.sandbox and "unavailable" not in shell else log.warning)(shell)
     log.info("worker %s polling %s on %s, store %s", identity(), task_queue, address, database_url)
     with published(address, task_queue, database_url, kind="worker"):

@@ -22,6 +22,9 @@ Environment variables (all optional):
   whatever this is; a turn that outlives it is restarted like one whose worker died.
 - ``SESSIONFLOW_SANDBOX``: ``off`` runs ``bash`` commands without the bubblewrap sandbox
   (default ``on``; an explicit opt-out, logged at worker start, never a fallback).
+- ``SESSIONFLOW_SANDBOX_MOUNT`` and ``SESSIONFLOW_SANDBOX_HIDE``: ``:``-separated paths the
+  sandbox shows read-only beside the toolchains it finds on the worker's ``PATH``, and paths it
+  hides (a toolchain root, or a secret inside one); see ``activities/tools/toolchain.py``.
 - ``SESSIONFLOW_DB_POOL_SIZE`` and ``SESSIONFLOW_DB_POOL_OVERFLOW``: PostgreSQL connections one
   process keeps open, and may open beyond them at a peak (defaults 10 and 10). An activity holds
   one only for a transaction, never while a model streams or a tool runs, so the defaults serve
@@ -36,7 +39,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///.sessionflow/sessionflow.db"
 M = TypeVar("M", bound=BaseModel)
@@ -92,9 +95,19 @@ class Settings(BaseModel):
     retry_backoff_ms: int = Field(default=2000, ge=1)
     batch_ms: int = Field(default=30, ge=1, le=1000)
     sandbox: bool = True
+    sandbox_mount: tuple[str, ...] = ()
+    sandbox_hide: tuple[str, ...] = ()
     agents_file: str | None = None
     db_pool_size: int = Field(default=10, ge=1)
     db_pool_overflow: int = Field(default=10, ge=0)
+
+    @field_validator("sandbox_mount", "sandbox_hide", mode="before")
+    @classmethod
+    def _paths(cls, value: object) -> object:
+        """A ``PATH``-like list of paths, from the environment."""
+        if isinstance(value, str):
+            return tuple(part for part in value.split(os.pathsep) if part.strip())
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -114,6 +127,8 @@ _VARIABLES = (
     ("retry_backoff_ms", "SESSIONFLOW_RETRY_BACKOFF_MS"),
     ("batch_ms", "SESSIONFLOW_BATCH_MS"),
     ("sandbox", "SESSIONFLOW_SANDBOX"),
+    ("sandbox_mount", "SESSIONFLOW_SANDBOX_MOUNT"),
+    ("sandbox_hide", "SESSIONFLOW_SANDBOX_HIDE"),
     ("agents_file", "SESSIONFLOW_AGENTS"),
     ("db_pool_size", "SESSIONFLOW_DB_POOL_SIZE"),
     ("db_pool_overflow", "SESSIONFLOW_DB_POOL_OVERFLOW"),

@@ -7,7 +7,9 @@ The only place that knows it. A command sees:
 - a private, empty ``/tmp`` and ``/run`` (the host's sockets live there: the store's
   PostgreSQL socket, Docker's, D-Bus; a read-only mount does not stop a ``connect``);
 - no home directory but the workspace: ``/home``, ``/root`` and the worker's ``$HOME`` are
-  empty tmpfs, so other users' files and the worker's own keys are out of sight;
+  empty tmpfs, so other users' files and the worker's own keys are out of sight, except the
+  toolchains the worker's ``PATH`` reaches there (pyenv, a virtualenv, cargo, ``~/.local``),
+  read-only and with the secrets in them still hidden (``toolchain.py``);
 - protected paths in the workspace (``ToolSettings.protected``) masked: a file reads as empty
   and cannot be written, a directory is empty and read-only. ``.git`` is the exception: it is
   bound read-only so that ``git status``, ``diff`` and ``log`` work, with its ``hooks`` masked.
@@ -33,12 +35,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from activities.tools.base import ToolFailure
 from activities.tools.paths import Workspace, is_inside
 from activities.tools.settings import ToolSettings
+from activities.tools.toolchain import Shown, shown
 from activities.tools.walk import Walk
 
 # Protected directories bound read-only instead of masked, and what inside them is masked.
@@ -86,6 +89,7 @@ class Policy:
     masked_files: tuple[str, ...] = ()
     masked_dirs: tuple[str, ...] = ()
     read_only_dirs: tuple[str, ...] = ()
+    toolchains: Shown = field(default_factory=Shown)
 
 
 def hidden_roots() -> tuple[str, ...]:
@@ -105,17 +109,27 @@ def command(binary: str, policy: Policy, argv: list[str]) -> list[str]:
     args = [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for root in hidden_roots():
         args += ["--tmpfs", root]
+    for root in policy.toolchains.roots:
+        args += ["--ro-bind", root, root]
+    args += _masked(policy.toolchains.masked_dirs, policy.toolchains.masked_files)
     args += ["--bind", policy.workspace, policy.workspace]
     for path in policy.read_only_dirs:
         args += ["--ro-bind", path, path]
-    for path in policy.masked_dirs:
-        args += ["--tmpfs", path, "--remount-ro", path]
-    for path in policy.masked_files:
-        args += ["--ro-bind", "/dev/null", path]
+    args += _masked(policy.masked_dirs, policy.masked_files)
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not policy.network:
         args.append("--unshare-net")
     args += ["--die-with-parent", "--chdir", policy.cwd, "--", *argv]
+    return args
+
+
+def _masked(dirs: tuple[str, ...], files: tuple[str, ...]) -> list[str]:
+    """Directories shown empty and read-only, files shown empty."""
+    args: list[str] = []
+    for path in dirs:
+        args += ["--tmpfs", path, "--remount-ro", path]
+    for path in files:
+        args += ["--ro-bind", "/dev/null", path]
     return args
 
 
@@ -168,17 +182,29 @@ def _mask(
         files.append(path)
 
 
-def outside_masks(workspace: str, settings: ToolSettings) -> list[str]:
-    """Protected absolute paths (the store's files) that the command could otherwise read."""
+def outside_masks(workspace: str, settings: ToolSettings, toolchains: Shown) -> list[str]:
+    """Protected absolute paths (the store's files) that the command could otherwise read:
+    in the workspace, in a toolchain root shown, or anywhere not hidden."""
     hidden = hidden_roots()
     found = []
     for path in settings.protected_paths:
         text = str(path)
         if not os.path.isfile(text) or os.path.islink(text):
             continue
-        if is_inside(text, workspace) or not any(is_inside(text, root) for root in hidden):
+        shown_here = any(is_inside(text, root) for root in (workspace, *toolchains.roots))
+        if shown_here or not any(is_inside(text, root) for root in hidden):
             found.append(text)
     return found
+
+
+def toolchains(settings: ToolSettings, workspace: str | None = None) -> Shown:
+    """The toolchain roots a command in ``workspace`` sees (``toolchain.py``)."""
+    return shown(
+        hidden_roots(),
+        workspace=workspace,
+        mount=settings.sandbox_mount,
+        hide=settings.sandbox_hide,
+    )
 
 
 @dataclass
@@ -200,7 +226,8 @@ class Sandbox:
             return argv
         await self.ensure()
         files, dirs, read_only = await asyncio.to_thread(masks, root, self.settings)
-        files += outside_masks(root, self.settings)
+        shown_roots = toolchains(self.settings, root)
+        files += outside_masks(root, self.settings, shown_roots)
         policy = Policy(
             workspace=root,
             cwd=cwd,
@@ -208,6 +235,7 @@ class Sandbox:
             masked_files=tuple(files),
             masked_dirs=tuple(dirs),
             read_only_dirs=tuple(read_only),
+            toolchains=shown_roots,
         )
         return command(self.binary(), policy, argv)
 
@@ -241,4 +269,12 @@ def describe(settings: ToolSettings) -> str:
         Sandbox(settings).check()
     except SandboxUnavailable as error:
         return f"bash sandbox unavailable, every bash call will fail: {error}"
-    return f"bash runs in a bubblewrap sandbox ({Path(bwrap_binary(settings.sandbox_binary))})"
+    binary = Path(bwrap_binary(settings.sandbox_binary))
+    seen = toolchains(settings)
+    roots = ", ".join(seen.roots) or "none"
+    secrets = len(seen.masked_dirs) + len(seen.masked_files)
+    return (
+        f"bash runs in a bubblewrap sandbox ({binary}); toolchains shown read-only: {roots}"
+        f" ({secrets} secret paths in them hidden; SESSIONFLOW_SANDBOX_MOUNT adds paths, "
+        "SESSIONFLOW_SANDBOX_HIDE hides them)"
+    )

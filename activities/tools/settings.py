@@ -127,3 +127,7 @@ class ToolSettings:
     # ``SESSIONFLOW_SANDBOX=off``. ``sandbox_binary`` overrides the bundled ``bwrap``.
     sandbox: bool = True
     sandbox_binary: str | None = None
+    # Paths the sandbox shows read-only beside the toolchains it finds, and paths it hides
+    # (a toolchain root or a secret in one): ``toolchain.py``.
+    sandbox_mount: tuple[str, ...] = ()
+    sandbox_hide: tuple[str, ...] = ()

@@ -104,3 +104,11 @@ def test_the_batch_interval_the_turn_bound_and_the_retry_backoff_are_settings() 
         Settings.from_env({"SESSIONFLOW_RETRY_BACKOFF_MS": "0"})
     with pytest.raises(SettingsError, match="SESSIONFLOW_BATCH_MS"):
         Settings.from_env({"SESSIONFLOW_BATCH_MS": "0"})
+
+
+def test_the_sandbox_paths_are_path_lists() -> None:
+    env = {"SESSIONFLOW_SANDBOX_MOUNT": "/opt/a:~/b:", "SESSIONFLOW_SANDBOX_HIDE": "~/.tool"}
+    settings = Settings.from_env(env)
+    assert settings.sandbox_mount == ("/opt/a", "~/b")
+    assert settings.sandbox_hide == ("~/.tool",)
+    assert Settings.from_env({}).sandbox_mount == ()
