@@ -16,24 +16,41 @@ import typer
 
 if TYPE_CHECKING:
     from sessionflow.client import SessionClient
-    from sessionflow.models.permissions import Decision, PermissionRequest, RespondResult
+    from sessionflow.models.permissions import (
+        Decision,
+        PermissionRequest,
+        RequestKind,
+        RespondResult,
+    )
 
 SESSION = typer.Argument(..., help="Session id")
 REQUEST = typer.Argument(None, help="The waiting request's id (default: the only one waiting)")
 JSON = typer.Option(False, "--json", help="Print JSON instead of text")
 
 
-async def _pick(cli: ModuleType, client: SessionClient, session: str, request: str | None) -> str:
-    """The named request, or the only one waiting; several or none is a clear error."""
-    if request is not None:
-        return request
+async def _pick(
+    cli: ModuleType, client: SessionClient, session: str, request: str | None, kind: RequestKind
+) -> str:
+    """The named request, or the only one of ``kind`` waiting; several or none is a clear
+    error, and so is a request of the other kind (``approve`` and ``deny`` answer permission
+    asks, ``answer`` questions): it names what waits and the command that answers it."""
+    from sessionflow.client import wrong_kind
+
     waiting = await client.waiting(session)
-    if len(waiting) == 1:
-        return waiting[0].request_id
-    if not waiting:
+    if request is not None:
+        named = next((r for r in waiting if r.request_id == request), None)
+        if named is not None and named.kind != kind:
+            raise wrong_kind(session, named)
+        return request
+    mine = [r for r in waiting if r.kind == kind]
+    if len(mine) == 1:
+        return mine[0].request_id
+    if not mine and waiting:
+        raise wrong_kind(session, waiting[0])
+    if not mine:
         raise cli.fail(f"nothing in session {session} waits for an answer")
-    listed = "; ".join(f"{r.request_id} ({r.tool}: {r.summary})" for r in waiting)
-    raise cli.fail(f"{len(waiting)} requests wait, name one: {listed}")
+    listed = "; ".join(f"{r.request_id} ({r.tool}: {r.summary})" for r in mine)
+    raise cli.fail(f"{len(mine)} requests wait, name one: {listed}")
 
 
 CHOICES: dict[str, Decision] = {"y": "once", "a": "always", "n": "reject"}
@@ -88,7 +105,8 @@ def register(app: typer.Typer, cli: ModuleType) -> None:
         async def work() -> RespondResult:
             client: SessionClient
             async with cli.session_client() as client:
-                rid = await _pick(cli, client, session, request)
+                kind: RequestKind = "question" if answer is not None else "permission"
+                rid = await _pick(cli, client, session, request, kind)
                 done = await client.respond(
                     session, rid, decision, message, answer=answer, by=getpass.getuser()
                 )

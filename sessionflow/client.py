@@ -39,7 +39,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import locate, telemetry, validate
 from sessionflow.agents import Agents, load_agents
-from sessionflow.errors import NoWorkerError, RequestNotWaitingError, StoreMismatchError
+from sessionflow.errors import (
+    NoWorkerError,
+    RequestNotWaitingError,
+    StoreMismatchError,
+    WrongRequestKindError,
+)
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
@@ -427,6 +432,7 @@ class SessionClient:
         is back (``sent``).
         """
         validate_id(request_id, "request")
+        await self._require_kind(session_id, request_id, answer is not None, decision)
         reply = PermissionReply(
             request_id=request_id, decision=decision, message=message, answer=answer, by=by
         )
@@ -467,6 +473,19 @@ class SessionClient:
             and isinstance(part.state, ToolRunning)
             and part.state.asked is not None
         ]
+
+    async def _require_kind(
+        self, session_id: str, request_id: str, answering: bool, decision: Decision
+    ) -> None:
+        """Refuse an answer to a permission ask, and an approval of a question without an
+        answer (``WrongRequestKindError``, naming what waits and the command that answers
+        it). A rejection of a question cancels it."""
+        request = await self._waiting(session_id, request_id)
+        if request.kind == "question" and (answering or decision == "reject"):
+            return
+        if request.kind == "permission" and not answering:
+            return
+        raise wrong_kind(session_id, request)
 
     async def _waiting(self, session_id: str, request_id: str) -> PermissionRequest:
         waiting = await self.waiting(session_id)
@@ -619,6 +638,16 @@ class SessionClient:
 
     def _handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(workflow_id(validate_id(session_id)))
+
+
+def wrong_kind(session_id: str, request: PermissionRequest) -> WrongRequestKindError:
+    """The error for a reply of the wrong kind to ``request``, naming what waits."""
+    what = (
+        repr(request.question)
+        if request.kind == "question" and request.question
+        else f"{request.tool}: {request.summary}"
+    )
+    return WrongRequestKindError(session_id, request.request_id, request.kind, what)
 
 
 def _queued(queue: str, pending: int, *, polled: bool = False) -> str:

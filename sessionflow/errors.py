@@ -5,7 +5,8 @@
     │   ├── InvalidIdError                    an id that does not match ^[A-Za-z0-9_-]{1,128}$
     │   ├── PayloadTooLargeError             an event or prompt above the configured cap
     │   ├── UnencodableTextError             text for a model holding a lone surrogate
-    │   └── UnsafeBindError                  the API asked to listen off loopback without a token
+    │   ├── UnsafeBindError                  the API asked to listen off loopback without a token
+    │   └── WrongRequestKindError            an approval for a question, an answer for an ask
     ├── NotFoundError
     │   ├── SessionNotFoundError
     │   └── RequestNotWaitingError           an answer for a request that is unknown or settled
@@ -55,6 +56,31 @@ class ContextUnavailableError(SessionflowError):
             f"Nothing was sent to the model and the prompt is still pending: resume the session "
             f"once the workspace is back."
         )
+
+
+class WrongRequestKindError(InvalidInputError):
+    """An approval or denial sent to a question, or an answer sent to a permission ask."""
+
+    def __init__(self, session_id: str, request_id: str, kind: str, what: str) -> None:
+        if kind == "question":
+            how = (
+                f"answer it with `sessionflow answer {session_id} TEXT --request {request_id}` "
+                f"(HTTP: POST /sessions/{session_id}/requests/{request_id}/answer)"
+            )
+            wrong = "a question, not a permission ask"
+        else:
+            how = (
+                f"approve it with `sessionflow approve {session_id} {request_id}` or deny it "
+                f"with `sessionflow deny {session_id} {request_id}` "
+                f"(HTTP: POST /sessions/{session_id}/requests/{request_id}/reply)"
+            )
+            wrong = "a permission ask, not a question"
+        super().__init__(
+            f"Request {request_id} in session {session_id} is {wrong} ({what}): {how}. "
+            "Nothing was sent.",
+            field="request_id",
+        )
+        self.session_id, self.request_id, self.kind = session_id, request_id, kind
 
 
 class InvalidIdError(InvalidInputError):

@@ -41,6 +41,8 @@ class Approvals:
             )
         if request.kind == "question" and reply.decision != "reject" and reply.answer is None:
             raise ValueError("A question needs an answer (or reject, to cancel it)")
+        if request.kind == "permission" and reply.answer is not None:
+            raise ValueError("A permission ask is approved or denied, not answered")
 
     def take(self, reply: PermissionReply, *, early: bool = False) -> bool:
         """Keep the first reply to a waiting request. ``early`` (the signal) keeps one for a

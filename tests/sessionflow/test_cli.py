@@ -613,6 +613,36 @@ async def test_approve_deny_answer_and_agent(cli: tuple[Cli, Harness]) -> None:
     assert bad.returncode == 1 and "Unknown agent 'nobody'" in bad.stderr
 
 
+async def test_answer_refuses_an_ask_and_approve_a_question(cli: tuple[Cli, Harness]) -> None:
+    """Issue 32: ``answer S dev`` approved a waiting shell command, which ran."""
+    from tests.workflows.harness import call
+    from tests.workflows.test_permissions import asked
+
+    runner, h = cli
+    sid = await h.session([call("b1", "bash", command="touch a")], [{"text": "done"}])
+    await h.client.prompt(sid, "Go")
+    (request,) = await asked(h, sid)
+    for args in (("answer", sid, "dev"), ("answer", sid, "dev", "--request", request.request_id)):
+        crossed = await runner.run(*args)
+        assert crossed.returncode == 1, crossed
+        assert "is a permission ask, not a question (bash: touch a)" in crossed.stderr
+        assert f"sessionflow approve {sid} {request.request_id}" in crossed.stderr
+    assert not (h.workspace / "a").exists()
+    assert (await runner.json("deny", sid))["status"] == "answered"
+    await h.client.wait_idle(sid, timeout=30)
+
+    sid = await h.session([call("q1", "question", question="Which?")], [{"text": "done"}])
+    await h.client.prompt(sid, "Go")
+    (request,) = await asked(h, sid)
+    for command in ("approve", "deny"):
+        crossed = await runner.run(command, sid)
+        assert crossed.returncode == 1, crossed
+        assert "is a question, not a permission ask ('Which?')" in crossed.stderr
+        assert f"sessionflow answer {sid} TEXT --request {request.request_id}" in crossed.stderr
+    assert (await runner.json("answer", sid, "that one"))["status"] == "answered"
+    await h.client.wait_idle(sid, timeout=30)
+
+
 async def test_the_last_step_says_that_the_step_limit_disabled_its_tools(
     cli: tuple[Cli, Harness],
 ) -> None:

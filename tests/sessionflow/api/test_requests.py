@@ -73,6 +73,44 @@ async def test_a_question_is_answered_over_http(api: Api) -> None:
     assert api.h.requests()[1]["messages"][-1]["content"][0]["output"] == "dev"
 
 
+async def test_each_reply_only_for_its_kind_of_request(api: Api) -> None:
+    """Issue 32: an answer approved a waiting shell command, which ran; an approval of a
+    question failed as if nothing could be reached. Each is refused, saying what waits."""
+    sid = await api.session(
+        [
+            call("b1", "bash", command="touch ran.txt"),
+            call("q1", "question", question="Which branch?"),
+        ],
+        [{"text": "ok"}],
+    )
+    await api.http.post(f"/sessions/{sid}/prompt", json={"text": "Go"})
+    await api.h.until(lambda: _count_waiting(api, sid, 2), timeout=30)
+    kinds = {r["kind"]: r["request_id"] for r in await waiting(api, sid)}
+    ask, question = kinds["permission"], kinds["question"]
+    answered = await api.http.post(f"/sessions/{sid}/requests/{ask}/answer", json={"text": "y"})
+    message = error(answered, 422, "WrongRequestKindError", "request_id")
+    assert "a permission ask, not a question (bash: touch ran.txt)" in message
+    assert f"sessionflow approve {sid} {ask}" in message
+    approved = await api.http.post(
+        f"/sessions/{sid}/requests/{question}/reply", json={"decision": "once"}
+    )
+    message = error(approved, 422, "WrongRequestKindError", "request_id")
+    assert "a question, not a permission ask ('Which branch?')" in message
+    assert f"sessionflow answer {sid} TEXT --request {question}" in message
+    assert not (api.h.workspace / "ran.txt").exists()
+    assert len(await waiting(api, sid)) == 2  # both still wait: nothing was sent
+    ok = await api.http.post(f"/sessions/{sid}/requests/{question}/answer", json={"text": "dev"})
+    assert ok.json()["status"] == "answered"
+    ok = await api.http.post(f"/sessions/{sid}/requests/{ask}/reply", json={"decision": "once"})
+    assert ok.json()["status"] == "answered"
+    await api.h.client.wait_idle(sid, timeout=30)
+    assert (api.h.workspace / "ran.txt").exists()
+
+
+async def _count_waiting(api: Api, sid: str, count: int) -> bool:
+    return len((await api.http.get(f"/sessions/{sid}/waiting")).json()) == count
+
+
 async def test_requests_and_agents_refuse_what_does_not_exist(api: Api) -> None:
     sid = await api.session([{"text": "x"}])
     reply = {"decision": "once"}
