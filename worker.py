@@ -48,7 +48,7 @@ from sessionflow import locate, telemetry
 from sessionflow.agents import Agents, load_agents
 from sessionflow.devstack import ensure_search_attribute
 from sessionflow.logs import quiet_expected_failures
-from sessionflow.models.drain import SWEEP_WORKFLOW_ID, TASK_QUEUE, SweepInput
+from sessionflow.models.drain import TASK_QUEUE, SweepInput, sweep_schedule_id
 from sessionflow.settings import Settings
 from store import Store, open_store
 from workflows.session import SessionWorkflow
@@ -201,21 +201,29 @@ def build_worker(
 
 
 async def ensure_sweep_schedule(
-    client: Client, *, task_queue: str = TASK_QUEUE, every: timedelta = timedelta(seconds=30)
-) -> None:
-    """Create the recovery sweep's Schedule once per namespace (an existing one is kept)."""
+    client: Client,
+    *,
+    store: Store,
+    task_queue: str = TASK_QUEUE,
+    every: timedelta = timedelta(seconds=30),
+) -> str:
+    """Create the recovery sweep's Schedule for this deployment, its task queue and store (an
+    existing one is kept), running on that queue; returns its id. A namespace holds one per
+    deployment: each recovers its own sessions, whoever else shares the namespace."""
+    schedule_id = sweep_schedule_id(task_queue, locate.store_key(store.db.url, store.db.schema))
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             "RecoverySweep",
             SweepInput(),
-            id=SWEEP_WORKFLOW_ID,
+            id=schedule_id,
             task_queue=task_queue,
         ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
     )
     with contextlib.suppress(ScheduleAlreadyRunningError):
-        await client.create_schedule(SWEEP_WORKFLOW_ID, schedule)
+        await client.create_schedule(schedule_id, schedule)
+    return schedule_id
 
 
 def reap_now() -> None:
@@ -276,7 +284,7 @@ async def main() -> None:
         batch_ms=settings.batch_ms,
         agents=load_agents(settings.agents_file),
     )
-    await ensure_sweep_schedule(client, task_queue=task_queue)
+    await ensure_sweep_schedule(client, store=store, task_queue=task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -360,7 +360,7 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     settings = Settings.from_env()
     store = await open_store(options.database_url, settings=settings)
     try:
-        await ensure_sweep_schedule(client, task_queue=task_queue)
+        await ensure_sweep_schedule(client, store=store, task_queue=task_queue)
         with published(options.address, task_queue, options.database_url, kind="dev"):
             async with (
                 serving(

@@ -278,6 +278,12 @@ class FinishExecutionInput(Model):
 SWEEP_WORKFLOW_ID = "sessionflow-recovery-sweep"
 
 
+def sweep_schedule_id(task_queue: str, store_key: str) -> str:
+    """One recovery sweep per deployment (a task queue and the store its workers write to),
+    however many share a Temporal namespace: the Schedule's id, also its workflows' id."""
+    return f"{SWEEP_WORKFLOW_ID}-{task_queue}-{store_key}"
+
+
 class SweepInput(Model):
     limit: int = 50
 

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
@@ -84,6 +85,47 @@ async def test_the_sweep_recovers_a_drain_terminated_mid_turn(
     assert types.count("session.execution.succeeded") == 1
     assert await h.store.claims.current(sid) is None
     assert (await sweep(h, temporal_env)).woken == ()
+
+
+async def test_each_deployment_in_a_namespace_sweeps_its_own_sessions(
+    temporal_env: WorkflowEnvironment, open_test_store: StoreFactory, tmp_path: Path
+) -> None:
+    """Issue 32: the sweep's Schedule was one per namespace, on the first worker's queue: a
+    second deployment (another task queue and store) got none, its abandoned drains stayed
+    abandoned. Each deployment's Schedule now recovers its own."""
+    from worker import ensure_sweep_schedule
+
+    async with contextlib.AsyncExitStack() as stack:
+        deployments: list[tuple[Harness, str]] = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            store = await open_test_store(lease_ms=1500)
+            h = await stack.enter_async_context(
+                harness(temporal_env.client, store, tmp_path / name)
+            )
+            sid = await h.session(
+                [call("call_1", "gate", gate=h.gate_file("never"))], [{"text": "continued"}]
+            )
+            await abandon_mid_tool(h, sid)
+            deployments.append((h, sid))
+        schedules = [
+            await ensure_sweep_schedule(
+                temporal_env.client,
+                store=h.store,
+                task_queue=h.client.task_queue,
+                every=timedelta(seconds=1),
+            )
+            for h, _ in deployments
+        ]
+        assert len(set(schedules)) == 2
+        try:
+            for h, sid in deployments:
+                await h.until(lambda h=h: len(h.requests()) == 2, timeout=60)
+                await h.client.wait_idle(sid, timeout=30)
+                assert (await h.types(sid)).count("session.execution.succeeded") == 1
+        finally:
+            for schedule in schedules:
+                await temporal_env.client.get_schedule_handle(schedule).delete()
 
 
 async def test_a_drain_the_sweep_starts_carries_the_session_id_search_attribute(
