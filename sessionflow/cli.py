@@ -240,7 +240,10 @@ def new(
         8, "--max-active-tools", help="Tools one session runs at once"
     ),
     max_steps: int = typer.Option(
-        None, "--max-steps", help="Model turns per prompt; the last one may not call tools"
+        None,
+        "--max-steps",
+        help="Model turns per prompt (a steer joins the prompt it steers); the last one may not "
+        "call tools",
     ),
     auto_compact: bool = typer.Option(
         True,
@@ -260,9 +263,30 @@ def new(
         None, "--compaction-model", help="<provider>/<model> for summaries (default: --model)"
     ),
     agent: str = typer.Option(None, "--agent", help="The session's agent (default: build)"),
+    system: str = typer.Option(None, "--system", help="Extra system prompt for every turn"),
+    allow: list[str] = typer.Option(
+        [], "--allow", help="TOOL[:PATTERN] calls run without asking, e.g. 'bash:pytest *'"
+    ),
+    ask: list[str] = typer.Option([], "--ask", help="TOOL[:PATTERN] calls wait for approval"),
+    deny: list[str] = typer.Option([], "--deny", help="TOOL[:PATTERN] calls are refused"),
+    network: bool = typer.Option(
+        False, "--network/--no-network", help="Let bash commands reach the network"
+    ),
+    approval_timeout: float = typer.Option(
+        None, "--approval-timeout", min=1, help="Seconds a call waits for approval, then is denied"
+    ),
+    key_on_workers: bool = typer.Option(
+        False,
+        "--key-on-workers",
+        help="The model's API key is set on the workers only: do not look for it here",
+    ),
     as_json: bool = JSON,
 ) -> None:
-    """Create a session and print its id (the workspace and the model are checked first)."""
+    """Create a session and print its id (the workspace, the model and its API key are checked
+    first). Rules are the session's own, after its agent's; the last match wins."""
+    if not key_on_workers:
+        _require_api_key(model)
+    permissions = _rules({"allow": allow, "ask": ask, "deny": deny})
     compaction = {
         "auto": auto_compact,
         "buffer": compaction_buffer,
@@ -280,10 +304,43 @@ def new(
                 max_steps=max_steps,
                 compaction=compaction,
                 agent=agent,
+                system=system,
+                permissions=permissions,
+                network=network,
+                approval_timeout=approval_timeout,
             )
 
     session_id = run(work)
     emit({"session_id": session_id}, as_json, session_id)
+
+
+def _require_api_key(model: str) -> None:
+    """Refuse a real model whose API key is not set here (where ``dev`` runs its worker)."""
+    from activities.providers.settings import ProviderSettings, missing_key
+
+    provider = model.partition("/")[0]
+    try:
+        variable = missing_key(provider, ProviderSettings.from_env())
+    except ValueError as error:
+        raise fail(str(error)) from None
+    if variable is not None:
+        raise fail(
+            f"{model} needs an API key and none is set: set {variable} in the environment of "
+            "the worker (and here), or pass --key-on-workers when only the workers have it"
+        )
+
+
+def _rules(by_action: dict[str, list[str]]) -> list[dict[str, str]]:
+    """``TOOL[:PATTERN]`` options as permission rules, allows first, then asks, then denies
+    (the last match wins, so a deny always holds)."""
+    rules = []
+    for action, specs in by_action.items():
+        for spec in specs:
+            tool, _, pattern = spec.partition(":")
+            if not tool.strip():
+                raise fail(f"--{action} {spec!r}: give TOOL[:PATTERN], e.g. 'bash:git *'")
+            rules.append({"tool": tool.strip(), "pattern": pattern or "*", "action": action})
+    return rules
 
 
 @app.command("check-script")

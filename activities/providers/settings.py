@@ -82,6 +82,21 @@ class ProviderSettings:
         return base_url, key
 
 
+def missing_key(provider_id: str, settings: ProviderSettings) -> str | None:
+    """The variable to set when ``provider_id``'s models have no API key in ``settings``;
+    None when they have one (or need none: the scripted model, a local compatible server)."""
+    if provider_id == "openai" and settings.openai_api_key is None:
+        return "OPENAI_API_KEY"
+    if provider_id == "anthropic" and settings.anthropic_api_key is None:
+        return "ANTHROPIC_API_KEY"
+    if provider_id == "openai-chat" and settings.chat_endpoint()[1] is None:
+        return (
+            "SESSIONFLOW_OPENAI_CHAT_API_KEY or OPENAI_API_KEY (a local OpenAI-compatible "
+            "server that needs no key: set SESSIONFLOW_OPENAI_CHAT_BASE_URL instead)"
+        )
+    return None
+
+
 class _Reader:
     """Typed reads that name the variable when its value is unusable."""
 

@@ -21,7 +21,11 @@ class Body(BaseModel):
 
 class SessionSettings(Body):
     max_active_tools: int = Field(default=8, ge=1, description="tools one session runs at once")
-    max_steps: int | None = Field(default=None, ge=1, description="model turns per busy period")
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="model turns per prompt (a steer joins the prompt it steers)",
+    )
     system: str | None = Field(default=None, description="extra system prompt")
     compaction: CompactionSettings | None = None
     permissions: list[Rule] = Field(default=[], description="rules; the last match wins")

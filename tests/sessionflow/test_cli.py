@@ -172,6 +172,54 @@ async def test_a_bad_model_reference_is_refused(cli: tuple[Cli, Harness]) -> Non
     assert "use <provider>/<model>" in done.stderr and "Traceback" not in done.stderr
 
 
+async def test_a_real_model_without_its_api_key_is_refused(
+    cli: tuple[Cli, Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: ``new`` took a real model with no key, and its first turn failed."""
+    run, h = cli
+    for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "SESSIONFLOW_OPENAI_CHAT_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("SESSIONFLOW_OPENAI_CHAT_BASE_URL", raising=False)
+    for model, variable in (
+        ("openai/gpt-5", "set OPENAI_API_KEY"),
+        ("anthropic/claude-sonnet-4-5", "set ANTHROPIC_API_KEY"),
+        ("openai-chat/llama3", "set SESSIONFLOW_OPENAI_CHAT_API_KEY or OPENAI_API_KEY"),
+    ):
+        done = await run.run("new", "--workspace", str(h.workspace), "--model", model)
+        assert done.returncode == 1 and variable in done.stderr, done.stderr
+        assert "--key-on-workers" in done.stderr and "Traceback" not in done.stderr
+    assert await h.store.sessions.list() == []
+    monkeypatch.setenv("SESSIONFLOW_OPENAI_CHAT_BASE_URL", "http://127.0.0.1:11434/v1")
+    local = await run.json("new", "--workspace", str(h.workspace), "--model", "openai-chat/llama3")
+    on_workers = await run.json(
+        "new", "--workspace", str(h.workspace), "--model", "openai/gpt-5", "--key-on-workers"
+    )
+    assert len(await h.store.sessions.list()) == 2 and local != on_workers
+
+
+async def test_new_sets_the_system_prompt_rules_network_and_approval_timeout(
+    cli: tuple[Cli, Harness],
+) -> None:
+    """Issue 32: what the SDK and HTTP could set, ``new`` could not."""
+    run, h = cli
+    model = h.script([{"text": "x"}])
+    created = await run.json(
+        "new", "--workspace", str(h.workspace), "--model", model,
+        "--system", "Answer in French.", "--allow", "bash:pytest *", "--deny", "write",
+        "--ask", "bash:git push*", "--network", "--approval-timeout", "30",
+    )  # fmt: skip
+    settings = (await h.store.sessions.get(created["session_id"])).settings
+    assert settings["system"] == "Answer in French."
+    assert settings["permissions"] == [
+        {"tool": "bash", "pattern": "pytest *", "action": "allow"},
+        {"tool": "bash", "pattern": "git push*", "action": "ask"},
+        {"tool": "write", "pattern": "*", "action": "deny"},
+    ]
+    assert (settings["network"], settings["approval_timeout"]) == (True, 30)
+    bad = await run.run("new", "--workspace", str(h.workspace), "--model", model, "--allow", ":x")
+    assert bad.returncode == 1 and "give TOOL[:PATTERN]" in bad.stderr
+
+
 async def test_no_server_reachable_says_what_to_do(tmp_path: Path) -> None:
     cli = Cli("127.0.0.1:1", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", "q")
     done = await cli.run("new", "--workspace", str(tmp_path), "--model", "scripted/x.json")
