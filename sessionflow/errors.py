@@ -95,10 +95,13 @@ class InvalidIdError(InvalidInputError):
 
 
 class PayloadTooLargeError(InvalidInputError):
-    def __init__(self, what: str, size: int, limit: int) -> None:
+    def __init__(
+        self, what: str, size: int, limit: int, setting: str = "SESSIONFLOW_MAX_EVENT_BYTES"
+    ) -> None:
         super().__init__(
             f"{what} is {size} bytes, above the limit of {limit} bytes; nothing was stored. "
-            f"Split it, attach it as a file, or raise the limit in settings."
+            f"Split it, put the text in a file in the workspace and ask the model to read it, "
+            f"or raise {setting} (where the store is written: the client and the workers)."
         )
         self.what = what
         self.size = size

@@ -100,7 +100,9 @@ class Guard:
 
 
 def _too_large(size: int, limit: int) -> Any:
-    error = PayloadTooLargeError("The request body", size, limit)
+    error = PayloadTooLargeError(
+        "The request body", size, limit, setting="SESSIONFLOW_API_MAX_BODY_BYTES"
+    )
     return error_response(413, type(error).__name__, str(error))
 
 

@@ -90,8 +90,11 @@ async def test_an_oversized_prompt_is_refused_before_anything_is_written(
 ) -> None:
     store = await open_test_store(max_event_bytes=64 * 1024)  # type: ignore[operator]
     session = await store.sessions.create("/work")
-    with pytest.raises(PayloadTooLargeError, match="above the limit of 65536 bytes"):
+    with pytest.raises(PayloadTooLargeError, match="above the limit of 65536 bytes") as refused:
         await store.inputs.admit(session.id, "x" * 70_000)
+    # It names the setting, and suggests only what a user can do (the CLI attaches no files).
+    assert "raise SESSIONFLOW_MAX_EVENT_BYTES" in str(refused.value)
+    assert "attach" not in str(refused.value)
     assert await count(store, "session_input") == 0
     assert await store.events.latest_sequence(session.id) == 0
 

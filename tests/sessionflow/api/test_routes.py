@@ -271,7 +271,7 @@ async def test_oversized_bodies_are_refused_before_they_are_read(api: Api) -> No
         413,
         "PayloadTooLargeError",
     )
-    assert str(cap) in message
+    assert str(cap) in message and "raise SESSIONFLOW_API_MAX_BODY_BYTES" in message
 
     async def chunks() -> Any:  # no Content-Length: the cap applies as the body arrives
         yield b'{"text": "'
@@ -285,7 +285,7 @@ async def test_oversized_bodies_are_refused_before_they_are_read(api: Api) -> No
     error(chunked, 413, "PayloadTooLargeError")
     # Under the body cap but over the store's event cap (4 MiB): the store refuses it.
     big = await api.http.post(url, json={"text": "y" * (5 * 1024 * 1024)})
-    error(big, 413, "PayloadTooLargeError")
+    assert "raise SESSIONFLOW_MAX_EVENT_BYTES" in error(big, 413, "PayloadTooLargeError")
     assert [e.type for e in await api.h.events(sid)] == ["session.created"]
 
 
