@@ -143,8 +143,9 @@ def translate(error: BaseException, label: Label) -> ProviderError | None:
     """The ``ProviderError`` for an exception, or ``None`` when it is not a provider failure."""
     if isinstance(error, ProviderError):
         return error
-    if isinstance(error, OversizedEventError):
-        return label.error("invalid_output", str(error))
+    oversized = _oversized(error)
+    if oversized is not None:
+        return label.error("invalid_output", str(oversized))
     import anthropic
     import openai
 
@@ -162,6 +163,17 @@ def translate(error: BaseException, label: Label) -> ProviderError | None:
         return label.error("invalid_output", f"an event was not valid JSON: {_describe(error)}")
     if isinstance(error, openai.OpenAIError | anthropic.AnthropicError):
         return label.error(classify(None, str(error)), str(error))
+    return None
+
+
+def _oversized(error: BaseException) -> OversizedEventError | None:
+    """The transport's cut of an oversized event, also where an SDK wrapped it (newer
+    Anthropic SDKs raise it as an ``APIConnectionError`` caused by it)."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a cause chain is short; a cycle must not loop
+        if seen is None or isinstance(seen, OversizedEventError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
     return None
 
 
