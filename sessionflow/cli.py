@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from sessionflow.models.permissions import PermissionRequest
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
-USER_ERROR, UNREACHABLE, SESSION_FAILED = 1, 2, 3
+USER_ERROR, UNREACHABLE, SESSION_FAILED, PROMPTS_UNRUN = 1, 2, 3, 4
+TERMINAL_FAILURES = ("session.execution.failed", "session.execution.interrupted")
 T = TypeVar("T")
 
 
@@ -375,17 +377,20 @@ def prompt(
 
     async def work() -> Any:
         async with session_client() as client:
-            return await client.prompt(
+            receipt = await client.prompt(
                 session,
                 body,
                 delivery="queue" if queue else "steer",
                 input_id=input_id,
                 wake=not no_wake,
             )
+            return receipt, None if no_wake else await client.waiting_for_worker(session)
 
-    receipt = run(work)
+    receipt, waiting = run(work)
     value = {"input_id": receipt.id, "admitted_seq": receipt.admitted_seq}
-    value["delivery"] = receipt.delivery
+    value |= {"delivery": receipt.delivery, "waiting_for_worker": waiting}
+    if waiting:
+        note(f"admitted; it runs when a worker polls: {waiting}")
     emit(value, as_json, f"{receipt.id} admitted at seq {receipt.admitted_seq}")
 
 
@@ -553,12 +558,17 @@ def watch(
     """Follow the session's events live: history first, then new events as they commit. On a
     terminal, a call that waits for approval (or a question) is offered for an answer.
 
-    With --until-idle the exit code is 3 when the last busy period failed or was interrupted."""
-    from sessionflow.follow import follow
+    With --until-idle the exit code is 3 when the last busy period failed or was interrupted,
+    4 when the session is idle with prompts that no busy period will run."""
+    from sessionflow.follow import Followed, follow
+
+    # The store's own lines (a listener reconnecting, a read retried) would land in the
+    # streamed text: the follower says "store unavailable, retrying" once instead.
+    logging.getLogger("store").addHandler(logging.NullHandler())
 
     interactive = not as_json and sys.stdin.isatty() and sys.stdout.isatty()
 
-    async def work() -> str | None:
+    async def work() -> Followed:
         async with session_client() as client:
             await client.session(session)
 
@@ -577,8 +587,16 @@ def watch(
                 on_ask=ask if interactive else None,
             )
 
-    last = run(work)
-    if until_idle and last in ("session.execution.failed", "session.execution.interrupted"):
+    followed = run(work)
+    if followed.unrun:
+        prompts = "prompt is" if followed.unrun == 1 else "prompts are"
+        note(
+            f"{followed.unrun} {prompts} pending that no busy period will run (an interrupt "
+            f"claimed their wake, or they were admitted without one): `sessionflow resume "
+            f"{session}` runs them"
+        )
+        raise typer.Exit(PROMPTS_UNRUN)
+    if until_idle and followed.last in TERMINAL_FAILURES:
         raise typer.Exit(SESSION_FAILED)
 
 

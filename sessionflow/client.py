@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -86,10 +86,16 @@ MAX_ACTIVE_TOOLS = 1000
 WORKER_SEEN_S = 90
 ANSWER_TIMEOUT = timedelta(seconds=5)  # how long a query or an interrupt waits for a worker
 # A worker that just started polls within moments: look this long before saying there is none.
-NO_WORKER_GRACE_S = 2.0
+NO_WORKER_GRACE_S = 1.0
+# A look that found no worker is believed this long: a command that asks twice (status, then
+# resume) waits out the grace once, and answers within 3 s with no worker.
+NO_WORKER_MEMORY_S = 5.0
 # How the server's describe of a task queue fails when it answers too late (ANSWER_TIMEOUT).
 _SLOW_ANSWERS = (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED)
 SLOW_ANSWER_TRIES = 4
+T = TypeVar("T")
+# Starts of a drain on a server without the SessionId search attribute, registering it between.
+UNREGISTERED_TRIES = 4
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,8 @@ class SessionClient:
         self.store = store
         self.task_queue = task_queue
         self.agents = agents or Agents()
+        # When a full look found no worker on a queue: one command asks once (``_polled``).
+        self._unpolled: dict[str, float] = {}
 
     @classmethod
     async def connect(
@@ -318,16 +326,35 @@ class SessionClient:
 
     async def wake(self, session_id: str, *, input_id: str | None = None) -> None:
         info = await self.store.sessions.get(session_id)
-        await self.temporal.start_workflow(
-            WORKFLOW_TYPE,
-            DrainInput(session_id=session_id),
-            id=workflow_id(session_id),
-            task_queue=self.task_queue,
-            start_signal="wake",
-            start_signal_args=[WakeSignal(input_id=input_id)],
-            search_attributes=_attributes(session_id),
-            static_summary=_summary(info),
+        await self._registering(
+            lambda: self.temporal.start_workflow(
+                WORKFLOW_TYPE,
+                DrainInput(session_id=session_id),
+                id=workflow_id(session_id),
+                task_queue=self.task_queue,
+                start_signal="wake",
+                start_signal_args=[WakeSignal(input_id=input_id)],
+                search_attributes=_attributes(session_id),
+                static_summary=_summary(info),
+            )
         )
+
+    async def _registering(self, start: Callable[[], Awaitable[T]]) -> T:
+        """``start()``, a drain's start; on a Temporal server that no worker or ``dev`` has
+        prepared yet, the ``SessionId`` search attribute is registered first, then it is
+        started again (without, a prompt sent before any worker ran failed)."""
+        for attempt in range(UNREGISTERED_TRIES):
+            try:
+                return await start()
+            except RPCError as error:
+                unknown = "no mapping defined for search attribute" in str(error)
+                if not unknown or attempt == UNREGISTERED_TRIES - 1:
+                    raise
+                from sessionflow.devstack import ensure_search_attribute
+
+                await ensure_search_attribute(self.temporal, self.temporal.namespace)
+                await asyncio.sleep(0.2 * attempt)  # the server may take a moment to apply it
+        raise AssertionError("unreachable")
 
     async def resume(self, session_id: str) -> Outcome:
         """Run a busy period now, or join the running one; returns its outcome.
@@ -348,24 +375,29 @@ class SessionClient:
         info = await self.store.sessions.get(session_id)
         queue = await self._queue(session_id) or self.task_queue
         await self._require_worker(session_id, queue)
-        operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-            WORKFLOW_TYPE,
-            DrainInput(session_id=session_id),
-            id=workflow_id(session_id),
-            task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=_attributes(session_id),
-            static_summary=_summary(info),
-        )
-        try:
-            return await self.temporal.start_update_with_start_workflow(
+        request = ResumeRequest(request_id=str(uuid.uuid4()))
+
+        def start() -> Awaitable[WorkflowUpdateHandle[Any]]:
+            operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+                WORKFLOW_TYPE,
+                DrainInput(session_id=session_id),
+                id=workflow_id(session_id),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=_attributes(session_id),
+                static_summary=_summary(info),
+            )  # one use each: a retry needs its own
+            return self.temporal.start_update_with_start_workflow(
                 "resume",
-                ResumeRequest(request_id=str(uuid.uuid4())),
+                request,
                 start_workflow_operation=operation,
                 wait_for_stage=WorkflowUpdateStage.ACCEPTED,
                 result_type=Outcome,
                 rpc_timeout=3 * ANSWER_TIMEOUT,
             )
+
+        try:
+            return await self._registering(start)
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             pending = len(await self.store.inputs.pending(session_id))
             raise NoWorkerError(queue, pending, sent=True) from None
@@ -479,8 +511,12 @@ class SessionClient:
     ) -> None:
         """Refuse an answer to a permission ask, and an approval of a question without an
         answer (``WrongRequestKindError``, naming what waits and the command that answers
-        it). A rejection of a question cancels it."""
-        request = await self._waiting(session_id, request_id)
+        it). A rejection of a question cancels it. A request not waiting is left to the
+        update, which answers a repeat of the first reply with its result."""
+        waiting = await self.waiting(session_id)
+        request = next((r for r in waiting if r.request_id == request_id), None)
+        if request is None:
+            return
         if request.kind == "question" and (answering or decision == "reject"):
             return
         if request.kind == "permission" and not answering:
@@ -570,11 +606,14 @@ class SessionClient:
         A look the server did not answer in time (a busy server) is not a "no": it is asked
         again, a few times (``SLOW_ANSWER_TRIES``); any other failure is raised.
         """
+        if time.monotonic() - self._unpolled.get(queue, -NO_WORKER_MEMORY_S) < NO_WORKER_MEMORY_S:
+            return bool(await self.workers(queue))  # one look: it just said no
         deadline = time.monotonic() + NO_WORKER_GRACE_S
         slow = 0
         while True:
             try:
                 if await self.workers(queue):
+                    self._unpolled.pop(queue, None)
                     return True
             except RPCError as error:
                 slow += 1
@@ -582,8 +621,17 @@ class SessionClient:
                     raise
                 continue  # not "no worker": the server was slow to say
             if time.monotonic() > deadline:
+                self._unpolled[queue] = time.monotonic()
                 return False
             await asyncio.sleep(0.2)
+
+    async def waiting_for_worker(self, session_id: str) -> str | None:
+        """Why the session's prompts wait for a worker (``NoWorkerError``'s text, with its
+        pending inputs), or None when a worker polls the queue its drain runs on."""
+        queue = await self._queue(session_id) or self.task_queue
+        if await self._polled(queue):
+            return None
+        return str(NoWorkerError(queue, len(await self.store.inputs.pending(session_id))))
 
     async def _require_worker(self, session_id: str, queue: str) -> None:
         if not await self._polled(queue):

@@ -9,6 +9,7 @@ the session live, and prints the session id and the Temporal UI link to its work
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -83,12 +84,13 @@ async def run_demo(console: Console, options: StackOptions) -> None:
     from worker import build_worker, demo_tools
 
     quiet_expected_failures()
+    log_file = _log_to_file(options.state_dir)
     server, temporal = await ensure_server(
         options.address, ui_port=options.ui_port, state_dir=options.state_dir
     )
     started = "started" if server.pid else "already running"
     console.print(f"[dim]Temporal dev server {started} at {server.address}; UI {server.ui}[/]")
-    console.print(f"[dim]store {options.database_url}[/]", soft_wrap=True)
+    console.print(f"[dim]store {options.database_url}; worker log {log_file}[/]", soft_wrap=True)
     store = await open_store(options.database_url, settings=Settings.from_env())
     workspace = Path(tempfile.mkdtemp(prefix="sessionflow-demo-"))
     for name, text in FILES.items():
@@ -107,7 +109,10 @@ async def run_demo(console: Console, options: StackOptions) -> None:
                 workspace=str(workspace), model=f"scripted/{script}", title="demo"
             )
             console.print(f"[bold]session[/] {session_id}  [dim]workspace {workspace}[/]")
-            console.print(f"[bold]live page[/] {api}/view/{session_id}", soft_wrap=True)
+            page = f"{api}/view/{session_id}"
+            console.print(
+                f"[bold]live page[/] {page} [dim](while the demo runs)[/]", soft_wrap=True
+            )
             await client.prompt(session_id, "What is in this workspace?")
             outcome = await _stream(console, client, session_id)
     finally:
@@ -117,11 +122,29 @@ async def run_demo(console: Console, options: StackOptions) -> None:
     link = server.workflow_link(workflow_id(session_id))
     console.print(f"[bold]Temporal UI[/]  {link}", soft_wrap=True, highlight=False)
     console.print(f"[dim]find it there with: SessionId = '{session_id}'[/]", soft_wrap=True)
+    console.print(
+        f"[dim]the live page closed with the demo; `sessionflow dev` from here serves it again "
+        f"(its API's port, by default the same: {page})[/]",
+        soft_wrap=True,
+    )
     if server.pid:
         pid_file = state_file(options.state_dir, options.port, "pid")
         console.print(f"[dim]the dev server keeps running; stop it: kill $(cat {pid_file})[/]")
     if outcome != "session.execution.succeeded":
         raise RuntimeError(f"the demo session ended with {outcome}")
+
+
+def _log_to_file(state_dir: Path) -> Path:
+    """The in-process worker's log lines go to a file: on the terminal they would land in the
+    middle of the streamed text."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "demo.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    return path
 
 
 async def _stream(console: Console, client: SessionClient, session_id: str) -> str:

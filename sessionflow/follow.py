@@ -4,6 +4,11 @@
 asks the session itself whether it is idle, at the handoff to live events, after each terminal
 event and whenever the log has been quiet for a second; so it also ends on a session that was
 idle before it started, and never on a terminal event that a successor busy period follows.
+Idle with prompts pending (an interrupt claimed their wakes, or they were admitted without
+one), it ends too, and says how many prompts no busy period will run.
+
+A store outage past the history is ridden out, said once ("store unavailable, retrying"),
+never as log lines in the middle of the streamed text.
 """
 
 from __future__ import annotations
@@ -11,15 +16,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from rich.console import Console
 
-from sessionflow.client import ClientEvent, SessionClient
+from sessionflow.client import ClientEvent, SessionClient, SessionStatus
+from sessionflow.errors import StoreUnavailableError
 from sessionflow.models.permissions import PermissionRequest
 from sessionflow.watch import TERMINALS, Renderer
 from store.events import StoredEvent, Synced
 
 QUIET_S = 1.0  # with no event for this long, ask again whether the session is idle
+OUTAGE_NOTE = "store unavailable, retrying"
+
+
+@dataclass(frozen=True)
+class Followed:
+    """How a follow ended: the type of the last terminal event seen, and (``--until-idle``)
+    how many prompts are pending that no busy period will run."""
+
+    last: str | None
+    unrun: int = 0
 
 
 async def follow(
@@ -33,8 +50,8 @@ async def follow(
     full: bool = False,
     on_waiting: Callable[[str], None] | None = None,
     on_ask: Callable[[PermissionRequest], Awaitable[None]] | None = None,
-) -> str | None:
-    """Render events after ``after``; return the type of the last terminal event seen.
+) -> Followed:
+    """Render events after ``after``; return how the follow ended (``Followed``).
 
     With ``on_ask`` (a person at a terminal), each request the session waits on is offered to
     it, once: those already waiting when the history has been replayed, then each new one."""
@@ -60,8 +77,12 @@ async def follow(
         elif event.type == "session.permission.replied":
             unanswered.pop(str(event.data.get("request_id")), None)
 
+    outage = _Outage(on_waiting)
+
     async def pump() -> None:
-        async for item in client.store.events.log(session_id, after=after, follow=True):
+        log = client.store.events.log(session_id, after=after, follow=True, on_outage=outage)
+        async for item in log:
+            outage.over()
             await items.put(item)
 
     answering = asyncio.create_task(answer()) if on_ask is not None else None
@@ -86,9 +107,12 @@ async def follow(
                     continue
             if not until_idle:
                 continue
-            status = await client.status(session_id)
+            status = await _status(client, session_id, outage)
+            if status is None:
+                continue  # the store is away: asked again once the log is quiet
             if status.idle:
-                return last or await last_terminal(client, session_id)
+                last = last or await last_terminal(client, session_id)
+                return Followed(last, status.pending_inputs)
             if status.waiting_for_worker and not warned and on_waiting is not None:
                 on_waiting(f"{status.waiting_for_worker} Waiting.")
                 warned = True
@@ -99,6 +123,33 @@ async def follow(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         renderer.close()
+
+
+class _Outage:
+    """Says once per outage that the store is away; a read that succeeds ends the outage."""
+
+    def __init__(self, note: Callable[[str], None] | None) -> None:
+        self.note = note
+        self.away = False
+
+    def __call__(self, _reason: str) -> None:
+        if not self.away and self.note is not None:
+            self.note(OUTAGE_NOTE)
+        self.away = True
+
+    def over(self) -> None:
+        self.away = False
+
+
+async def _status(client: SessionClient, session_id: str, outage: _Outage) -> SessionStatus | None:
+    """The session's status, or None while the store cannot be read."""
+    try:
+        status = await client.status(session_id)
+    except StoreUnavailableError as error:
+        outage(error.reason)
+        return None
+    outage.over()
+    return status
 
 
 async def last_terminal(client: SessionClient, session_id: str) -> str | None:

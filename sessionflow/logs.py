@@ -1,7 +1,8 @@
 """Worker logs a user can read: expected recovery paths are one line, not a traceback.
 
 A lost claim after a takeover, a held claim, a script that does not load, a session missing
-from this worker's store: each is handled (the session recovers, or the outcome carries the
+from this worker's store, the store unavailable for a moment (an outage the drain rides out):
+each is handled (the session recovers, or the outcome carries the
 error), so Temporal's "Completing activity as failed" warning with a full traceback only hides
 the log lines that matter.
 """
@@ -17,6 +18,7 @@ EXPECTED = frozenset(
         "StaleAttemptError",
         "ScriptError",
         "SessionNotFoundError",
+        "StoreUnavailableError",
     }
 )
 

@@ -267,6 +267,11 @@ class Renderer:
             f"[yellow]retrying[/] attempt {data['attempt']}: {escape(data['error']['message'])}"
         )
 
+    def _synthetic(self, data: dict[str, Any]) -> None:
+        """What the session told the model itself: after a lost turn, that it continues."""
+        what = data.get("description") or "note to the model"
+        self._line(f"[yellow]↻ {escape(what)}[/] [dim]{escape(cut(data['text']))}[/]")
+
     def _execution_succeeded(self, data: dict[str, Any]) -> None:
         self._line("[green]● idle[/]")
 

@@ -591,6 +591,7 @@ class EventStore:
         follow: bool = False,
         poll_interval: float | None = None,
         ride_out: bool = True,
+        on_outage: Callable[[str], None] | None = None,
     ) -> AsyncIterator[StoredEvent | Synced]:
         """History after ``after``, the ``log.synced`` marker, then (if following) live events.
 
@@ -598,7 +599,9 @@ class EventStore:
         the replay is delivered after the marker; the cursor only moves forward, so nothing is
         delivered twice. ``ride_out``: past its history, a follower waits out the database being
         unavailable (``_riding_out``); without it, the follow ends with the error (the API's
-        feed: its streams end and their clients reconnect from their last id).
+        feed: its streams end and their clients reconnect from their last id). ``on_outage``
+        is told each failed read's reason instead of the log (a terminal's follower says so
+        once, where a log line would land in the streamed text).
         """
         if not follow:
             async for item in self._history(aggregate_id, after):
@@ -615,7 +618,7 @@ class EventStore:
                 yield item
             while True:
                 await bell.wait(interval)
-                retrying = _riding_out if ride_out else _once
+                retrying = partial(_riding_out, on_outage=on_outage) if ride_out else _once
                 latest = await retrying(partial(self.latest_sequence, aggregate_id))
                 while cursor < latest:
                     read = partial(self.read_after, aggregate_id, cursor, through=latest)
@@ -639,7 +642,9 @@ async def _once(read: Callable[[], Awaitable[T]]) -> T:
     return await read()
 
 
-async def _riding_out(read: Callable[[], Awaitable[T]]) -> T:
+async def _riding_out(
+    read: Callable[[], Awaitable[T]], *, on_outage: Callable[[str], None] | None = None
+) -> T:
     """``read()``, again after a growing, jittered pause while the database is unavailable.
 
     A follower past its history outlives a database restart (C4): it keeps its cursor and
@@ -651,7 +656,10 @@ async def _riding_out(read: Callable[[], Awaitable[T]]) -> T:
         try:
             return await read()
         except StoreUnavailableError as error:
-            log.warning("Following: the database is unavailable, retrying: %s", error.reason)
+            if on_outage is not None:
+                on_outage(error.reason)
+            else:
+                log.warning("Following: the database is unavailable, retrying: %s", error.reason)
         await asyncio.sleep(pause * random.uniform(0.5, 1.5))
         pause = min(2 * pause, _FOLLOW_MAX_PAUSE_S)
 

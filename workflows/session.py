@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 from workflows.approvals import Approvals
@@ -642,8 +642,7 @@ class SessionWorkflow:
                 raise asyncio.CancelledError() from error
             result = TurnResult(assistant_message_id=assistant_id, step=step)
             if _lost(error):
-                why = _activity_error(error).message
-                lost = SessionError(type="aborted", message=f"Step interrupted: {why}")
+                lost = SessionError(type="aborted", message=_lost_reason(error))
                 return TurnResult(**{**result.model_dump(), "lost": lost})
             # The activity failed for a reason of its own: output may already be durable, so
             # this is never retried automatically (reference §4.6 "retry evidence").
@@ -676,7 +675,11 @@ class SessionWorkflow:
         """
         self.restarts += 1
         workflow.logger.warning("Turn lost (%s), restart %d", turn.lost, self.restarts)
-        result = await self._finish_step(claim, turn, restart=self.restarts <= RESUME_BUDGET)
+        restart = self.restarts <= RESUME_BUDGET
+        if restart and turn.lost is not None:  # the step's error says the session went on
+            lost = turn.lost.model_copy(update={"message": f"{turn.lost.message}; continued"})
+            turn = turn.model_copy(update={"lost": lost})
+        result = await self._finish_step(claim, turn, restart=restart)
         if result.failure is not None:
             raise DrainFailure(result.failure)
         return result
@@ -805,6 +808,44 @@ def _lost(error: ActivityError) -> bool:
     if isinstance(cause, ActivityTimeoutError | CancelledError):
         return True  # heartbeat, start-to-close; a cancel nobody asked for (worker shutdown)
     return isinstance(cause, ApplicationError) and (cause.type or "") in TRANSIENT_TYPES
+
+
+# Of the transient failures, those that mean the database could not be reached.
+_OUTAGE_TYPES = frozenset(
+    {
+        "OperationalError",
+        "InterfaceError",
+        "DisconnectionError",
+        "StoreUnavailableError",
+        "TransactionConflictError",
+        "PoolTimeout",
+    }
+)
+
+
+def _lost_reason(error: ActivityError) -> str:
+    """Why a lost turn was lost, as a person reads it in ``watch`` and ``show``: the step is
+    interrupted by its circumstances, not failed by the model (the raw error is in the
+    workflow's history)."""
+    cause = error.cause
+    if isinstance(cause, ActivityTimeoutError):
+        if cause.type == TimeoutType.HEARTBEAT:
+            return "Step interrupted: its worker stopped answering (heartbeat timeout)"
+        if cause.type == TimeoutType.START_TO_CLOSE:
+            return (
+                "Step interrupted: it streamed past the turn timeout (SESSIONFLOW_TURN_TIMEOUT_S)"
+            )
+        return (
+            f"Step interrupted: its activity timed out ({cause.type.name if cause.type else '?'})"
+        )
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    if isinstance(cause, CancelledError) or kind == "WorkerShutdown":
+        return "Step interrupted: its worker shut down"
+    if kind in _OUTAGE_TYPES:
+        # The store's first sentence says what failed; its advice (retry) is the drain's job.
+        first = str(cause.message if isinstance(cause, ApplicationError) else cause).split(". ")[0]
+        return f"Step interrupted by a database outage ({first[:300]})"
+    return f"Step interrupted by a lost connection ({kind})"
 
 
 def _activity_error(error: ActivityError) -> SessionError:

@@ -264,6 +264,9 @@ async def test_demo_then_dev_reuse_a_server_with_its_own_ui_port_and_state_per_p
         link = f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/session-{session_id}"
         assert link in done.stdout
         assert re.search(rf"live page http://127\.0\.0\.1:\d+/view/{session_id}", done.stdout)
+        assert "the live page closed with the demo; `sessionflow dev` from here" in done.stdout
+        # The in-process worker logs to a file, never into the streamed text (issue 32).
+        assert (state / "demo.log").exists() and "INFO" not in done.stderr
         store = await open_store(f"sqlite+aiosqlite:///{state / 'sessionflow.db'}")
         try:
             page = await store.events.read_after(session_id)

@@ -59,6 +59,7 @@ async def test_a_task_queue_look_the_server_answers_late_is_asked_again(
 
     monkeypatch.setattr(SessionClient, "workers", workers)
     sdk = SessionClient.__new__(SessionClient)
+    sdk._unpolled = {}
     late = RPCError("operation was canceled", RPCStatusCode.CANCELLED, b"")
     answers[:] = [late, late, 1]
     assert await sdk._polled("q") is True

@@ -52,3 +52,21 @@ def test_a_terminal_gets_a_live_table_and_loses_no_text() -> None:
     assert "look." in text and "More" in text and "✓ read" in text
     assert "Let me" in text
     assert "read" not in render(False, *SESSION).split("✓ read")[0].split("▶ read")[1]
+
+
+def test_the_restart_line_shows_as_in_show() -> None:
+    """Issue 32: after a kill -9, ``watch`` showed the failed step but not that it went on."""
+    from activities.restart import restart_message
+
+    restart = restart_message("ses_1")
+    lost = {
+        "type": "aborted",
+        "message": "Step interrupted: its worker stopped answering; continued",
+    }
+    text = render(
+        False,
+        event(0, "session.step.failed", error=lost),
+        event(1, "session.synthetic", text=restart.text, description=restart.description),
+    )
+    assert "step failed aborted Step interrupted: its worker stopped answering; continued" in text
+    assert "↻ Continuing after restart The server restarted while you were working." in text

@@ -95,6 +95,9 @@ async def test_a_drain_rides_out_its_database_going_down_mid_stream_and_mid_tool
     # The stream the first spell cut off was closed and its turn run again (the tool ran once).
     [cut] = [e.data for e in log if e.data.type == "session.step.failed"]
     assert "database is unavailable" in cut.error.message
+    # Issue 32: it says what happened and that the session went on, not "Retry once ...".
+    assert cut.error.message.startswith("Step interrupted by a database outage (The database")
+    assert cut.error.message.endswith("; continued") and "Retry" not in cut.error.message
     assert h.gate.started == ["ran through the outage"]
     text = "".join(getattr(e.data, "text", "") for e in log if e.data.type == "session.text.ended")
     assert text.startswith("before ") and text.endswith("continuingdone"), text

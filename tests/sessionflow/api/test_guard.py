@@ -195,6 +195,11 @@ class Proxy:
             writer.transport.abort()
         await self.server.wait_closed()
 
+    async def reopen(self) -> None:
+        """Accept connections again, on the same port: the database is back."""
+        self.writers = []
+        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port)
+
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
         self.writers += [writer, up_writer]
