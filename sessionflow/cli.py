@@ -699,9 +699,13 @@ def entry() -> None:
     exited). Once the command is done, nothing but that is left to finalize: flush, shut
     tracing down, and leave with ``os._exit``.
     """
+    # A mistyped command line is the user's error (1); 2 means unreachable. (Typer carries its
+    # own click: its UsageError is found through the public BadParameter.)
+    usage = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    usage.exit_code = USER_ERROR  # type: ignore[attr-defined]
     code = 0
     try:
-        app()
+        app(args=hoist_globals(sys.argv[1:]), prog_name="sessionflow")
     except SystemExit as done:
         if isinstance(done.code, str):
             print(done.code, file=sys.stderr)
@@ -709,6 +713,31 @@ def entry() -> None:
     except KeyboardInterrupt:
         code = 130
     leave(code)
+
+
+GLOBAL_OPTIONS = ("--temporal", "--database", "--task-queue")
+
+
+def hoist_globals(argv: list[str]) -> list[str]:
+    """``argv`` with the global options first: they are honoured after the subcommand too
+    (``sessionflow watch S --database URL``), where click takes them only before it."""
+    found: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            rest += argv[index:]
+            break
+        name = arg.partition("=")[0]
+        if name in GLOBAL_OPTIONS:
+            width = 1 if "=" in arg else 2
+            found += argv[index : index + width]
+            index += width
+            continue
+        rest.append(arg)
+        index += 1
+    return found + rest
 
 
 def leave(code: int) -> NoReturn:

@@ -788,7 +788,22 @@ async def test_new_takes_the_compaction_settings_and_the_agent(cli: tuple[Cli, H
     negative = await run.run(
         "new", "--workspace", str(h.workspace), "--model", model, "--keep-tokens", "-1"
     )
-    assert negative.returncode == 2 and "--keep-tokens" in negative.stderr
+    # A mistyped command line is the user's error (1): 2 is reserved for "unreachable".
+    assert negative.returncode == 1 and "--keep-tokens" in negative.stderr
+
+
+async def test_global_options_after_the_subcommand_are_honoured(cli: tuple[Cli, Harness]) -> None:
+    """Issue 32: ``sessionflow status S --database URL`` was refused with exit 2."""
+    run, h = cli
+    sid = await h.session([{"text": "x"}])
+    after = Cli(run.base[4], None, "unused", cwd=run.cwd)
+    database = run.base[run.base.index("--database") + 1]
+    queue = f"--task-queue={h.client.task_queue}"
+    done = await after.run("status", sid, "--database", database, queue, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["session_id"] == sid
+    unknown = await after.run("status", sid, "--no-such-flag")
+    assert unknown.returncode == 1 and "No such option" in unknown.stderr
 
 
 def _read_until(fd: int, marker: bytes, seen: bytearray) -> bytes:
