@@ -80,9 +80,17 @@ function card(messageId, callId, name) {
   return node;
 }
 
+// A call waiting for a person is not running: it shows what it waits for, and no clock.
+const WAITING = { permission: "waiting for approval", question: "waiting for an answer" };
+
 function setCard(node, state, created) {
   node.dataset.state = state;
   node.querySelector(".status").textContent = state;
+  if (state === "waiting") {
+    node.querySelector(".status").textContent = WAITING[node.dataset.waiting] || "waiting";
+    node.querySelector(".duration").textContent = "";
+    delete node.dataset.started;
+  }
   if (state === "running") node.dataset.started = String(created);
   if ((state === "completed" || state === "error") && node.dataset.started) {
     const seconds = (created - Number(node.dataset.started)) / 1000;
@@ -93,6 +101,8 @@ function setCard(node, state, created) {
 // A waiting permission ask (approve / always / deny) or question (answer) on its tool's card.
 function ask(request) {
   const node = card(request.assistant_message_id, request.call_id, request.tool);
+  node.dataset.waiting = request.kind;
+  setCard(node, "waiting", 0);
   const box = el("div", "ask");
   box.dataset.request = request.request_id;
   box.dataset.kind = request.kind;
@@ -213,9 +223,11 @@ const handlers = {
     setCard(node, "error", e.created);
   },
   "session.permission.asked": (d) => ask(d.request),
-  "session.permission.replied": (d) => {
+  "session.permission.replied": (d, e) => {
     const box = find(`.ask[data-request="${CSS.escape(d.request_id)}"]`);
     if (!box) return;
+    const node = box.closest(".tool");
+    if (node && node.dataset.state === "waiting") setCard(node, "running", e.created);
     const who = d.by ? ` by ${d.by}` : "";
     const what = d.answer !== null && d.answer !== undefined ? `answered “${d.answer}”`
       : { once: "approved", always: "approved (always)", reject: "denied" }[d.decision];

@@ -142,12 +142,19 @@ async def test_the_page_answers_what_a_session_waits_for(api: Api, browser: Brow
         try:
             await page.goto(f"{url}/view/{sid}")
             await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
-            await page.fill("#prompt textarea", "Go")
+            await page.fill("#prompt textarea", "Go\n  on, please")
             await page.click("#send")
             first = page.locator('.tool[data-call="b1"] .ask')
             await expect(first.locator(".summary")).to_have_text(
                 "bash wants to run: touch approved.txt"
             )
+            # Issue 32: the prompt kept its newlines; the call waits, it does not "run 30 s".
+            prompt = await page.locator(".user").first.inner_text()
+            assert prompt.startswith("Go\n  on, please"), prompt
+            waiting = page.locator('.tool[data-call="b1"]')
+            await expect(waiting).to_have_attribute("data-state", "waiting")
+            await expect(waiting.locator(".status")).to_have_text("waiting for approval")
+            await expect(waiting.locator(".duration")).to_have_text("")
             assert not (api.h.workspace / "approved.txt").exists()
             await first.locator("button.approve.once").click()
             await expect(first.locator(".replied")).to_have_text("approved")
@@ -158,6 +165,9 @@ async def test_the_page_answers_what_a_session_waits_for(api: Api, browser: Brow
 
             question = page.locator('.tool[data-call="q1"] .ask')
             await expect(question.locator(".question")).to_have_text("Which branch?")
+            await expect(page.locator('.tool[data-call="q1"] .status')).to_have_text(
+                "waiting for an answer"
+            )
             await question.locator('button.option[data-answer="dev"]').click()
             await expect(question.locator(".replied")).to_have_text("answered “dev”")
 
