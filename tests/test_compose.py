@@ -41,7 +41,8 @@ def test_every_worker_variable_and_command_exists() -> None:
     assert set(services) == {"postgres", "temporal", "temporal-ui", "worker", "api"}
     worker = services["worker"]
     read_by_worker = set(re.findall(r"SESSIONFLOW_[A-Z_]+", _sources()))
-    assert set(worker["environment"]) <= read_by_worker
+    read_by_worker |= set(re.findall(r'"([A-Z_]+_API_KEY)"', _sources()))
+    assert set(worker["environment"]) <= read_by_worker, set(worker["environment"]) - read_by_worker
     assert worker["command"][0] == "python" and (ROOT / worker["command"][1]).is_file()
     dockerfile = (ROOT / "Dockerfile").read_text()
     for source in re.findall(r"^COPY (\S+)", dockerfile, flags=re.M):
@@ -74,5 +75,6 @@ def _cli() -> str:
 
 def _sources() -> str:
     files = [ROOT / "worker.py", *(ROOT / "sessionflow").glob("*.py")]
+    files.append(ROOT / "activities" / "providers" / "settings.py")
     files += (ROOT / "sessionflow" / "api").glob("*.py")
     return "\n".join(path.read_text() for path in files)
