@@ -11,8 +11,11 @@ NOTIFYs takes PostgreSQL's cluster-wide notify lock through its commit, so notif
 run one at a time (measured: about half the commits per second of silent ones). The
 ``Announcer`` sends, on a connection of its own and at most once per ``ANNOUNCE_GAP_S``, one
 statement for every aggregate committed since its last send, with that aggregate's latest
-seq: rings coalesce per aggregate, a write that did not commit (a fenced-out append) sends
-nothing, and a send that fails is dropped (the followers' polling finds the events).
+seq: rings coalesce per aggregate, and a write that did not commit (a fenced-out append) sends
+nothing. A send is bounded (``SEND_TIMEOUT_S``); one that fails (its connection was closed, say)
+is sent again at once on a fresh connection, and if that fails too its rings wait for the next
+send, after a backoff: a follower in another process never waits for its poll because one
+connection died.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ _ANNOUNCE = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
 # A third of the default batch interval (SESSIONFLOW_BATCH_MS, 30 ms): what a follower in another
 # process may wait at most, under load only, beyond the commit.
 ANNOUNCE_GAP_S = 0.01
+# The longest one send may take: a server that accepts and never answers must not hold the rings.
+SEND_TIMEOUT_S = 2.0
+_SEND_FAILURES = (psycopg.Error, OSError, TimeoutError)
 
 
 class Doorbell:
@@ -100,22 +106,36 @@ class Announcer:
             self._wake.clear()
             self._last_send = loop.time()
             pending, self._pending = self._pending, {}
+            payloads = [f"{agg} {seq}" for agg, seq in pending.items()]
             try:
-                await self._send([f"{agg} {seq}" for agg, seq in pending.items()])
+                try:
+                    await self._send(payloads)
+                except _SEND_FAILURES:
+                    await self._drop()
+                    await self._send(payloads)  # once more, on a fresh connection
                 delay = 0.05
-            except psycopg.Error as error:
-                log.warning("Could not notify followers (they will poll): %s", error)
+            except _SEND_FAILURES as error:
+                log.warning("Could not notify followers, will retry: %s", error)
                 await self._drop()
+                self._requeue(pending)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 2.0)
 
+    def _requeue(self, pending: dict[str, int]) -> None:
+        """Rings a failed send did not deliver, for the next send (newer rings win)."""
+        for aggregate_id, seq in pending.items():
+            if seq > self._pending.get(aggregate_id, -1):
+                self._pending[aggregate_id] = seq
+        self._wake.set()
+
     async def _send(self, payloads: list[str]) -> None:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, application_name="sessionflow-announcer"
-            )
-            self.pid = self._conn.info.backend_pid
-        await self._conn.execute(_ANNOUNCE, [NOTIFY_CHANNEL, payloads], prepare=True)
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, application_name="sessionflow-announcer"
+                )
+                self.pid = self._conn.info.backend_pid
+            await self._conn.execute(_ANNOUNCE, [NOTIFY_CHANNEL, payloads], prepare=True)
         self.sent += len(payloads)
 
     async def _drop(self) -> None:

@@ -128,6 +128,50 @@ async def test_rings_within_the_gap_after_a_send_go_out_together(own_database: s
     assert rest == {"ses_a 3", "ses_b 7"}
 
 
+async def test_a_send_whose_connection_was_closed_is_sent_again_at_once(
+    own_database: str,
+) -> None:
+    """Issue 25 (3): the announcer dropped a batch whose NOTIFY failed on a closed connection,
+    and a follower in another process waited for its poll (about 600 ms). It resends once on a
+    fresh connection, so the notification arrives; and when the server refuses it too, the
+    rings wait for the next send."""
+    announcer = Announcer(libpq(own_database), gap=0.0)
+    listener = await listening(own_database)
+    try:
+        announcer.announce("ses_a", 1)
+        assert [n.payload async for n in notes_until(listener, "ses_a 1")] == ["ses_a 1"]
+        first = announcer.pid
+        async with await psycopg.AsyncConnection.connect(libpq(own_database)) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", [first])
+        announcer.announce("ses_a", 2)
+        async with asyncio.timeout(30):  # dropped, it would never come (nobody polls here)
+            assert [n.payload async for n in notes_until(listener, "ses_a 2")] == ["ses_a 2"]
+        assert announcer.pid != first  # a fresh connection sent it
+    finally:
+        await listener.close()
+        await announcer.close()
+
+
+async def test_rings_a_refused_send_did_not_deliver_go_with_the_next(
+    own_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    announcer = Announcer(libpq(own_database), gap=0.0)
+    good = announcer._conninfo
+    announcer._conninfo = "host=127.0.0.1 port=1 connect_timeout=1"  # the server is away
+    listener = await listening(own_database)
+    try:
+        announcer.announce("ses_a", 1)
+        async with asyncio.timeout(30):  # a send and its retry failed: the ring waits
+            while not any("Could not notify" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.01)
+        announcer._conninfo = good  # the server is back
+        async with asyncio.timeout(30):
+            assert [n.payload async for n in notes_until(listener, "ses_a 1")] == ["ses_a 1"]
+    finally:
+        await listener.close()
+        await announcer.close()
+
+
 async def test_a_claim_renewal_does_not_wait_for_a_busy_pool(
     own_database: str,
 ) -> None:
