@@ -313,10 +313,17 @@ class SessionActivities:
     async def _close_lost(
         self, tx: Tx, request: FinishStepInput, message: AssistantMessage, lost: SessionError
     ) -> FinishStepResult:
-        """End the lost step; unless the resume budget is spent, ask the model to continue."""
+        """End the lost step; unless the resume budget is spent, ask the model to continue.
+        A step its turn had settled before the loss is not restarted (``ended``, no
+        ``restarted``): the workflow takes it as settled."""
         restarted = FinishStepResult(ended=False, needs_continuation=True, restarted=True)
         spent = FinishStepResult(ended=False, failure=BUDGET_ERROR)
-        if message.time_completed is not None and message.finish is not None:
+        if _ended(message):
+            if message.error != lost:
+                # Not ended by this close, whose end carries the loss as its error: the turn
+                # settled its step itself and only its answer was lost. Restarting the step
+                # would ask the model again after its final answer.
+                return _as_settled(message, request.turn)
             return restarted if request.restart else spent  # an earlier attempt closed it
         events = await closing_events(self.store, message, lost, tx)
         if request.restart:
@@ -346,15 +353,9 @@ class SessionActivities:
         """How the step ends, decided from its message alone (no I/O), so that either path
         can write it."""
         turn = request.turn
-        if message.time_completed is not None and message.finish is not None:
+        if _ended(message):
             # Already settled by an earlier attempt of this activity: settle once.
-            return _Settlement(
-                FinishStepResult(
-                    ended=message.error is None,
-                    failure=message.error,
-                    needs_continuation=bool(turn.calls) and message.error is None,
-                )
-            )
+            return _Settlement(_as_settled(message, turn))
         if request.retry_at_ms is not None and turn.raw_error is not None:
             return _retry(request, message)
         unsettled = [p for p in message.content if isinstance(p, ToolPart) and not p.settled]
@@ -420,6 +421,21 @@ class _Settlement:
     phase: Phase | None = None
     hold_until: int | None = None
     ask_pending: bool = False
+
+
+def _ended(message: AssistantMessage) -> bool:
+    return message.time_completed is not None and message.finish is not None
+
+
+def _as_settled(message: AssistantMessage, turn: Any) -> FinishStepResult:
+    """The answer of the settlement that ended ``message``'s step, given again to an attempt
+    that finds it ended. A lost turn lists no calls, and rightly: a turn settles its own step
+    only when it made none, so nothing continues it."""
+    return FinishStepResult(
+        ended=message.error is None,
+        failure=message.error,
+        needs_continuation=bool(turn.calls) and message.error is None,
+    )
 
 
 def _retry(request: FinishStepInput, message: AssistantMessage) -> _Settlement:

@@ -579,9 +579,13 @@ class SessionWorkflow:
                 self._check_stopping()
                 self.turns += 1
                 if turn.lost is not None:
-                    if not (await self._restart_lost(claim, turn)).restarted:
+                    closed = await self._restart_lost(claim, turn)
+                    if closed.restarted:
+                        return True, step, None
+                    if not closed.ended:
                         continue  # nothing of it was durable: the same step runs again
-                    return True, step, None
+                    # Only the answer was lost: the turn had settled its step itself.
+                    turn = turn.model_copy(update={"settled": closed, "lost": None})
                 self.restarts = 0
                 if turn.overflow and not recovered:
                     # Reference §4.4: compact once and retry the same logical step.

@@ -479,7 +479,8 @@ async def test_without_a_worker_every_answer_says_so_and_a_worker_command_takes_
         try:
             idle = await h.client.wait_idle(sid, timeout=60)
             assert (idle.busy, idle.pending_inputs, idle.waiting_for_worker) == (False, 1, None)
-            types = [e["type"] for e in await run.watch(sid)]
+            # The interrupt claimed the prompt's wake: watch says it stays unrun (exit 4).
+            types = [e["type"] for e in await run.watch(sid, code=4)]
             assert "session.execution.started" not in types, types
             assert "session.prompt.promoted" not in types and h.requests() == []
             again = await run.run("resume", sid)
