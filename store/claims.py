@@ -39,14 +39,14 @@ from sessionflow.errors import (
 from sessionflow.ids import validate_id
 from store.db import Connection, Database, Stamp, Tx, retry_conflicts
 from store.dialect import DRIVER_ERRORS, DialectName, for_update, insert, is_lock_timeout, now_ms
+from store.fence import Fence, fence
 from store.prepared import Prepared
-from store.schema import execution_table, recovery_table, session_table, tool_run_table
+from store.schema import execution_table, recovery_table, session_table
 from store.tool_runs import ToolAttempt, ToolRuns
 
 T = TypeVar("T")
 Phase = Literal["ready", "unknown", "continue"]
 _x = execution_table.c
-_r = tool_run_table.c
 
 
 class _RowLocked(Exception):
@@ -518,49 +518,16 @@ def run_params(run: ToolAttempt) -> dict[str, Any]:
 
 
 def _renew(*, attempt: bool = False, run: bool = False, phase: bool = False) -> Prepared:
-    """Renew a live claim (the fence of every fenced transaction), optionally moving its step
-    attempt forward: a newer attempt fences out the older one's late writes. ``run``: only
-    while no later attempt of a tool call took it (``store/tool_runs.py``), in the same
-    statement. ``phase``: also record the phase and assistant message (``new_phase``,
-    ``new_mid``), as ``record_phase`` would."""
-
-    def build(dialect: DialectName) -> Any:
-        # Never shorter: a hold (``extend_until``, a call waiting for a person) outlives the
-        # renewals of the work that goes on meanwhile.
-        renewed = now_ms(dialect) + sa.bindparam("lease")
-        longest = sa.func.max if dialect == "sqlite" else sa.func.greatest
-        values: dict[str, Any] = {"expires_at": longest(_x.expires_at, renewed)}
-        conditions = [
-            _x.session_id == sa.bindparam("sid"),
-            _x.id == sa.bindparam("eid"),
-            _x.owner_id == sa.bindparam("owner"),
-            _x.epoch == sa.bindparam("epoch"),
-            _x.expires_at > now_ms(dialect),
-        ]
-        if attempt:
-            values["step_attempt"] = sa.bindparam("attempt")
-            conditions.append(_x.step_attempt <= sa.bindparam("attempt"))
-        if phase:
-            values["phase"] = sa.bindparam("new_phase")
-            values["assistant_message_id"] = sa.bindparam("new_mid")
-        if run:
-            later = sa.select(_r.attempt).where(
-                _r.session_id == sa.bindparam("sid"),
-                _r.assistant_message_id == sa.bindparam("mid"),
-                _r.call_id == sa.bindparam("cid"),
-                _r.attempt > sa.bindparam("run_attempt"),
-            )
-            conditions.append(~later.exists())
-        return (
-            execution_table.update()
-            .where(*conditions)
-            .values(**values)
-            .returning(_x.expires_at, _x.step_attempt, _x.phase, _x.assistant_message_id)
-        )
-
-    return Prepared(build)
+    """Renew a live claim (the fence of every fenced transaction, ``store/fence.py``),
+    optionally moving its step attempt forward: a newer attempt fences out the older one's late
+    writes. ``run``: only while no later attempt of a tool call took it
+    (``store/tool_runs.py``), in the same statement. ``phase``: also record the phase and
+    assistant message (``new_phase``, ``new_mid``), as ``record_phase`` would."""
+    rules = Fence(attempt="advance" if attempt else None, run=run, phase=phase)
+    return Prepared(lambda dialect: fence(dialect, rules, _RENEWED))
 
 
+_RENEWED = ("expires_at", "step_attempt", "phase", "assistant_message_id")
 _RENEW = _renew()
 _RENEW_ATTEMPT = _renew(attempt=True)
 _RENEW_ATTEMPT_PHASE = _renew(attempt=True, phase=True)
@@ -635,19 +602,8 @@ _SET_EPOCH = Prepared(
         .values(claim_epoch=sa.bindparam("epoch"))
     )
 )
-_RELEASE = Prepared(
-    lambda dialect: (
-        execution_table.delete()
-        .where(
-            _x.session_id == sa.bindparam("sid"),
-            _x.id == sa.bindparam("eid"),
-            _x.owner_id == sa.bindparam("owner"),
-            _x.epoch == sa.bindparam("epoch"),
-            _x.expires_at > now_ms(dialect),
-        )
-        .returning(_x.id)
-    )
-)
+_RELEASE = Prepared(lambda dialect: fence(dialect, Fence(release=True), ("id",)))
+
 _RECOVERY_COLUMNS = tuple(c.name for c in recovery_table.columns)
 _RECOVERIES = Prepared(
     lambda _dialect: (

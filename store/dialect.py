@@ -84,11 +84,13 @@ def now_ms(dialect: DialectName) -> ColumnElement[int]:
     PostgreSQL uses ``clock_timestamp()``: ``now()`` is frozen at the transaction's start, so a
     long transaction would compare leases against a stale time.
     """
+    # Constants as literals, not parameters: the hot path's one-statement writes embed this
+    # clock in their SQL text (``store/fence.py``), where no parameter could carry them.
     if dialect == "postgresql":
-        return sa.cast(
-            sa.func.floor(sa.extract("epoch", sa.func.clock_timestamp()) * 1000), sa.BigInteger
-        )
-    return sa.cast((sa.func.julianday("now") - 2440587.5) * 86400000.0, sa.BigInteger)
+        epoch = sa.extract("epoch", sa.func.clock_timestamp())
+        return sa.cast(sa.func.floor(epoch * sa.literal_column("1000")), sa.BigInteger)
+    days = sa.func.julianday(sa.literal_column("'now'")) - sa.literal_column("2440587.5")
+    return sa.cast(days * sa.literal_column("86400000.0"), sa.BigInteger)
 
 
 def insert(dialect: DialectName, table: sa.Table) -> Any:

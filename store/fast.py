@@ -32,7 +32,8 @@ from sqlalchemy.engine import make_url
 from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
 from store.dialect import store_error
 from store.events import unique_violation_error
-from store.prepared import Prepared
+from store.fence import NOW, Fence, fence, fence_ctes
+from store.prepared import Prepared, compile_text
 
 IDLE = TransactionStatus.IDLE
 Connection = psycopg.AsyncConnection[Any]
@@ -40,15 +41,8 @@ OnCommit = Callable[[], None]
 # The writer thread waits for another process's lock in slices, so a cancelled append it
 # holds can give up between them instead of committing up to a busy timeout later.
 _BUSY_SLICE_MS = 50
-_SQLITE_NOW = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-_SQLITE_RENEW = f"""
-UPDATE session_execution
-SET expires_at = max(expires_at, {_SQLITE_NOW} + :lease),
-    step_attempt = max(step_attempt, :attempt)
-WHERE session_id = :sid AND id = :eid AND owner_id = :owner AND epoch = :epoch
-  AND expires_at > {_SQLITE_NOW} AND (:attempt < 0 OR step_attempt <= :attempt)
-RETURNING expires_at
-"""
+# The fence, from its one definition (``store/fence.py``): a batch may carry no step attempt.
+_SQLITE_RENEW = compile_text(fence("sqlite", Fence(attempt="optional"), ("expires_at",)), "sqlite")
 _SQLITE_ALLOCATE = """
 INSERT INTO event_sequence (aggregate_id, seq) VALUES (:agg, :n - 1)
 ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + :n
@@ -59,18 +53,11 @@ INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epo
 VALUES (:id, :aggregate_id, :seq, :created, :type, :data, :execution_id, :epoch)
 """
 
-_PG_NOW = "floor(extract(epoch from clock_timestamp()) * 1000)::bigint"
-# The fence and the batch's events, as CTEs: the claim renewed (never shortened), the seqs
-# allocated under the sequence row only if it was, and the events inserted at them.
-_PG_RENEWED = f"""
-renewed AS (
-  UPDATE session_execution
-  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
-    step_attempt = greatest(step_attempt, %(attempt)s)
-  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
-    AND expires_at > {_PG_NOW} AND (%(attempt)s < 0 OR step_attempt <= %(attempt)s)
-  RETURNING 1
-)"""
+_PG_NOW = NOW["postgresql"]
+# The fence and the batch's events, as CTEs: the claim renewed (never shortened; the fence's
+# CTEs end with ``renewed``), the seqs allocated under the sequence row only if it was, and the
+# events inserted at them.
+_PG_RENEWED = fence_ctes(Fence(attempt="optional"))
 _PG_ALLOCATED = """
 allocated AS (
   INSERT INTO event_sequence (aggregate_id, seq)
@@ -125,18 +112,7 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS part
 # fence (with the call's attempt, as ``claims.fenced(run=...)``), the part's new state written
 # only if the part is still what the caller read, the seq and the event, in one statement.
 _PG_SETTLE = f"""
-WITH renewed AS (
-  UPDATE session_execution
-  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s)
-  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
-    AND expires_at > {_PG_NOW}
-    AND NOT EXISTS (
-      SELECT 1 FROM session_tool_run
-      WHERE session_id = %(sid)s AND assistant_message_id = %(mid)s AND call_id = %(cid)s
-        AND attempt > %(run_attempt)s
-    )
-  RETURNING 1
-), changed AS (
+WITH {fence_ctes(Fence(run=True))}, changed AS (
   UPDATE session_part SET data = %(part)s
   WHERE message_id = %(mid)s AND position = %(position)s AND session_id = %(sid)s
     AND data = %(before)s AND EXISTS (SELECT 1 FROM renewed)
@@ -177,16 +153,9 @@ SELECT (SELECT seq FROM allocated) AS last
 # The fence of a write decided from a read made outside any transaction (``_PG_STEP_READ``,
 # ``Sessions.turn_snapshot``): with the step's attempt, recording the phase as ``record_phase``
 # does, and only while the claim row is still the version that read saw.
-_PG_RENEWED_AS_READ = f"""
-renewed AS (
-  UPDATE session_execution
-  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s),
-    step_attempt = %(attempt)s, phase = %(phase)s, assistant_message_id = %(mid)s
-  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
-    AND expires_at > {_PG_NOW} AND step_attempt <= %(attempt)s
-    AND xmin = %(version)s::xid
-  RETURNING 1
-)"""
+_PG_RENEWED_AS_READ = fence_ctes(
+    Fence(attempt="advance", phase=True, version=True, phase_param="phase", mid_param="mid")
+)
 
 # A turn's opening (``Store.open_turn``), decided from what ``Store.turn_snapshot`` read: the
 # fence, with the step's attempt and the claim row's version as read (``_PG_STEP_READ``), records
@@ -264,20 +233,9 @@ def _pg_end_execution(release: bool) -> str:
     """A busy period's end (``Store.end_execution``): the fence, fenced on the claim row's
     version as read too, deletes the claim (``release``) or renews it; the terminal event at
     the next seq; the session's recoveries forgotten. A refused fence writes nothing."""
-    where = f"""
-  WHERE session_id = %(sid)s AND id = %(eid)s AND owner_id = %(owner)s AND epoch = %(epoch)s
-    AND expires_at > {_PG_NOW} AND xmin = %(version)s::xid
-  RETURNING 1"""
-    fence = (
-        f"DELETE FROM session_execution{where}"
-        if release
-        else "UPDATE session_execution\n"
-        f"  SET expires_at = greatest(expires_at, {_PG_NOW} + %(lease)s){where}"
-    )
+    fenced = fence_ctes(Fence(release=release, version=True))
     return f"""
-WITH renewed AS (
-  {fence}
-), {_PG_ALLOCATED}, {_PG_INSERTED}, cleared AS (
+WITH {fenced}, {_PG_ALLOCATED}, {_PG_INSERTED}, cleared AS (
   DELETE FROM session_recovery WHERE session_id = %(sid)s AND EXISTS (SELECT 1 FROM renewed)
   RETURNING 1
 )

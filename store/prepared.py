@@ -33,6 +33,13 @@ _DIALECTS: dict[DialectName, sa.Dialect] = {
 INTEGRITY_ERRORS = (IntegrityError, sqlite3.IntegrityError)
 
 
+def compile_text(statement: Any, dialect: DialectName) -> str:
+    """``statement``'s SQL as the dialect's driver takes it (named parameters)."""
+    compiled = statement.compile(dialect=_DIALECTS[dialect])
+    assert not compiled.positional, "both drivers take named parameters"
+    return str(compiled)
+
+
 @dataclass(frozen=True)
 class _Compiled:
     sql: str
