@@ -16,7 +16,6 @@ waiting call hands the claim back to its ordinary lease.
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +106,7 @@ class Gate:
 
         async def ask(tx: Any) -> None:
             await store.events.publish(asked, id=f"evt_{request.request_id}_asked", tx=tx)
-            await store.claims.extend_until(tx, self.claim, int(time.time() * 1000) + hold)
+            await store.claims.hold_for(tx, self.claim, hold)
 
         await store.claims.run_fenced(self.claim, ask, run=self.run)  # again after a conflict
         return ToolOutcome(call_id=self.run.call_id, status="ask", ask=request)

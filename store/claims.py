@@ -314,14 +314,19 @@ class Claims:
 
     async def extend_until(self, tx: Tx, claim: Claim, until_ms: int) -> None:
         """Inside a fenced ``tx``: keep the claim live at least until ``until_ms``."""
+        await self._hold(tx, claim, sa.literal(until_ms, sa.BigInteger))
+
+    async def hold_for(self, tx: Tx, claim: Claim, hold_ms: int) -> None:
+        """Inside a fenced ``tx``: keep the claim live at least ``hold_ms`` from now, by the
+        database clock (a call waiting for a person: the worker's clock may be off)."""
+        await self._hold(tx, claim, now_ms(tx.dialect) + hold_ms)
+
+    async def _hold(self, tx: Tx, claim: Claim, until: Any) -> None:
+        longest = sa.func.max if tx.dialect == "sqlite" else sa.func.greatest
         await tx.conn.execute(
             execution_table.update()
             .where(_x.session_id == claim.session_id, _x.id == claim.execution_id)
-            .values(
-                expires_at=sa.func.max(_x.expires_at, until_ms)
-                if tx.dialect == "sqlite"
-                else sa.func.greatest(_x.expires_at, until_ms)
-            )
+            .values(expires_at=longest(_x.expires_at, until))
         )
 
     async def lease_again(self, tx: Tx, claim: Claim) -> None:

@@ -629,3 +629,18 @@ async def test_a_hold_past_the_lease_survives_every_write_path(store: Store) -> 
         await store.append(claim, batch, step_attempt=0, view=view)
         (row,) = await rows(store, "SELECT expires_at FROM session_execution")
         assert row[0] == hold, batch[0].type
+
+
+async def test_a_hold_for_a_person_is_counted_from_the_database_clock(store: Store) -> None:
+    """A call waiting for approval holds the claim ``hold_for`` from the database's now (it was
+    the worker's clock plus the hold, wrong by the worker's skew), never shortening it."""
+    sid = await new_session(store)
+    claim = await store.claims.acquire(sid, "exec_a", "owner")
+    acquired_at = claim.expires_at - claim.lease_ms  # the database's now at the acquisition
+    hour = 3_600_000
+    await store.claims.run_fenced(claim, lambda tx: store.claims.hold_for(tx, claim, hour))
+    (row,) = await rows(store, "SELECT expires_at FROM session_execution")
+    assert row[0] >= acquired_at + hour
+    await store.claims.run_fenced(claim, lambda tx: store.claims.hold_for(tx, claim, 1))
+    (again,) = await rows(store, "SELECT expires_at FROM session_execution")
+    assert again[0] == row[0]  # a shorter hold leaves the longer one
