@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +66,25 @@ class Cli:
         return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@asynccontextmanager
+async def cli_on(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, *, start_worker: bool = True
+) -> AsyncIterator[tuple[Cli, Harness]]:
+    """The CLI on a harness's store (a SQLite file) and task queue."""
+    target = Target(f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
+    store = await target.open()
+    async with harness(temporal_env.client, store, tmp_path, start_worker=start_worker) as h:
+        address = temporal_env.client.service_client.config.target_host
+        yield Cli(address, target.url, h.client.task_queue), h
+    await store.close()
+
+
 @pytest.fixture
 async def cli(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> AsyncIterator[tuple[Cli, Harness]]:
-    target = Target(f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
-    store = await target.open()
-    async with harness(temporal_env.client, store, tmp_path) as h:
-        address = temporal_env.client.service_client.config.target_host
-        yield Cli(address, target.url, h.client.task_queue), h
-    await store.close()
+    async with cli_on(temporal_env, tmp_path) as running:
+        yield running
 
 
 async def test_new_prompt_watch_show_and_sessions(cli: tuple[Cli, Harness]) -> None:

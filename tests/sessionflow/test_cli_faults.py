@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import Target
 from tests.sessionflow.api.test_guard import Proxy
-from tests.sessionflow.test_cli import ROOT, Cli
+from tests.sessionflow.test_cli import ROOT, Cli, cli_on
 from tests.workflows.harness import Harness, call, harness
 
 
@@ -25,12 +25,8 @@ async def idle_cli(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> AsyncIterator[tuple[Cli, Harness]]:
     """The CLI on a queue no worker polls until the test starts one (``h.worker()``)."""
-    target = Target(f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}")
-    store = await target.open()
-    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
-        address = temporal_env.client.service_client.config.target_host
-        yield Cli(address, target.url, h.client.task_queue), h
-    await store.close()
+    async with cli_on(temporal_env, tmp_path, start_worker=False) as running:
+        yield running
 
 
 async def test_no_worker_is_said_and_prompts_left_unrun_are_reported(
