@@ -363,6 +363,10 @@ class Claims:
         if await _RENEW_RUN.first(tx.conn, tx.dialect, params) is not None:
             return
         await ToolRuns().check(tx, run)  # a later attempt took the call: StaleAttemptError
+        # Refused after the claim row changed while the fence waited for it (``fence.py``):
+        # the row's lock is this transaction's now, and a new statement sees every commit.
+        if await _RENEW_RUN.first(tx.conn, tx.dialect, params) is not None:
+            return
         raise await self._lost(tx.conn, claim)
 
     async def run_fenced(
@@ -406,13 +410,14 @@ class Claims:
     ) -> Claim:
         params = fence_params(claim)
         if step_attempt is None:
-            row = await _RENEW.first(tx.conn, tx.dialect, params)
+            statement = _RENEW
         elif phase is None:
             params["attempt"] = step_attempt
-            row = await _RENEW_ATTEMPT.first(tx.conn, tx.dialect, params)
+            statement = _RENEW_ATTEMPT
         else:
             params.update(attempt=step_attempt, new_phase=phase[0], new_mid=phase[1])
-            row = await _RENEW_ATTEMPT_PHASE.first(tx.conn, tx.dialect, params)
+            statement = _RENEW_ATTEMPT_PHASE
+        row = await statement.first(tx.conn, tx.dialect, params)
         if row is None:
             raise await self._lost(tx.conn, claim, step_attempt)
         expires_at, attempt, now_phase, assistant_message_id = row

@@ -86,34 +86,46 @@ def fence_ctes(rules: Fence, returning: tuple[str, ...] = ()) -> str:
 
 
 def _write(dialect: DialectName, rules: Fence, returning: tuple[str, ...]) -> Any:
-    locked = _locked() if dialect == "postgresql" else None
-    now = _clock(dialect, locked)
-    conditions = [
-        _x.session_id == sa.bindparam("sid"),
-        _x.id == sa.bindparam("eid"),
-        _x.owner_id == sa.bindparam("owner"),
-        _x.epoch == sa.bindparam("epoch"),
-        _x.expires_at > now,
+    if dialect == "sqlite":
+        row, now, locked = _x, now_ms(dialect), None
+    else:
+        locked = _locked()
+        clock = sa.select(now_ms(dialect).label("now")).select_from(locked).cte("clock")
+        row, now = locked.c, sa.select(clock.c.now).scalar_subquery()
+    # The claim is judged on ``row``: on PostgreSQL the locked row's latest version, never the
+    # version the statement's snapshot saw before it waited (a sibling write of the same live
+    # claim may have renewed it meanwhile).
+    live = [
+        row.id == sa.bindparam("eid"),
+        row.owner_id == sa.bindparam("owner"),
+        row.epoch == sa.bindparam("epoch"),
+        row.expires_at > now,
     ]
     values: dict[str, Any] = {}
+    longest = sa.func.max if dialect == "sqlite" else sa.func.greatest
     if not rules.release:
         # Never shorter: a hold (a call waiting for a person) outlives the work meanwhile.
-        longest = sa.func.max if dialect == "sqlite" else sa.func.greatest
         values["expires_at"] = longest(_x.expires_at, now + sa.bindparam("lease"))
+    attempt: Any = sa.bindparam("attempt")
     if rules.attempt == "advance":
-        values["step_attempt"] = sa.bindparam("attempt")
-        conditions.append(_x.step_attempt <= sa.bindparam("attempt"))
+        values["step_attempt"] = attempt
+        live.append(row.step_attempt <= attempt)
     elif rules.attempt == "optional":
-        longest = sa.func.max if dialect == "sqlite" else sa.func.greatest
-        values["step_attempt"] = longest(_x.step_attempt, sa.bindparam("attempt"))
-        attempt: Any = sa.bindparam("attempt")
-        conditions.append(sa.or_(attempt < sa.literal_column("0"), _x.step_attempt <= attempt))
+        values["step_attempt"] = longest(_x.step_attempt, attempt)
+        live.append(sa.or_(attempt < sa.literal_column("0"), row.step_attempt <= attempt))
     if rules.phase:
         values["phase"] = sa.bindparam(rules.phase_param)
         values["assistant_message_id"] = sa.bindparam(rules.mid_param)
     if rules.version:
-        assert dialect == "postgresql", "a row version is PostgreSQL's xmin"
-        conditions.append(sa.literal_column("xmin") == sa.cast(sa.bindparam("version"), _Xid()))
+        assert locked is not None, "a row version is PostgreSQL's xmin"
+        live.append(locked.c.version == sa.cast(sa.bindparam("version"), _Xid()))
+    if rules.run and locked is not None:
+        live.append(locked.c.version == _seen_version())
+    conditions: list[Any] = [_x.session_id == sa.bindparam("sid")]
+    if locked is None:
+        conditions += live
+    else:
+        conditions.append(sa.exists(sa.select(locked.c.id).where(*live)))
     if rules.run:
         conditions.append(~_later_attempt(locked).exists())
     statement = (
@@ -125,21 +137,36 @@ def _write(dialect: DialectName, rules: Fence, returning: tuple[str, ...]) -> An
 
 
 def _locked() -> Any:
-    """The claim row, locked (PostgreSQL): what the clock and the tool run are read after."""
+    """The claim row, locked (PostgreSQL): its latest version, which the claim is judged on
+    and the clock and the tool run are read after."""
     return (
-        sa.select(_x.session_id)
+        sa.select(
+            _x.session_id,
+            _x.id,
+            _x.owner_id,
+            _x.epoch,
+            _x.expires_at,
+            _x.step_attempt,
+            sa.literal_column("xmin").label("version"),
+        )
         .where(_x.session_id == sa.bindparam("sid"))
         .with_for_update()
         .cte("locked")
     )
 
 
-def _clock(dialect: DialectName, locked: Any | None) -> Any:
-    """The database clock, on PostgreSQL read once the claim row is locked."""
-    if locked is None:
-        return now_ms(dialect)
-    clock = sa.select(now_ms(dialect).label("now")).select_from(locked).cte("clock")
-    return sa.select(clock.c.now).scalar_subquery()
+def _seen_version() -> Any:
+    """The claim row's version as the statement's snapshot saw it, unlocked: different from
+    the locked one when another transaction wrote the row while this statement waited. A
+    tool call's row that such a writer inserted (its first take) is invisible to this
+    statement, so the run's fence then refuses and the caller reads again."""
+    seen = execution_table.alias("seen")  # not the UPDATE's own row: nothing to correlate
+    return (
+        sa.select(sa.literal_column("seen.xmin"))
+        .select_from(seen)
+        .where(seen.c.session_id == sa.bindparam("sid"))
+        .scalar_subquery()
+    )
 
 
 def _later_attempt(locked: Any | None) -> Any:

@@ -12,13 +12,15 @@ the same (the change first, then the write).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 import pytest
 
 from sessionflow.errors import ClaimLostError, StaleAttemptError
+from sessionflow.models import events as ev
 from store import Store
 from store.claims import Claim
 from store.tool_runs import ToolAttempt, ToolRuns
@@ -62,6 +64,21 @@ async def _until_clock_past(conn: psycopg.AsyncConnection[Any], at_ms: int) -> N
             await asyncio.sleep(0.01)
 
 
+async def _expiring_in(
+    store: Store, conn: psycopg.AsyncConnection[Any], claim: Claim, ms: int
+) -> Claim:
+    """The claim with its lease cut to end ``ms`` from the database's now (negative: ended),
+    so a test waits a moment for the expiry, not a whole lease."""
+    await conn.execute(
+        "UPDATE session_execution SET expires_at ="
+        " floor(extract(epoch from clock_timestamp()) * 1000)::bigint + %s WHERE session_id = %s",
+        [ms, claim.session_id],
+    )
+    current = await store.claims.current(claim.session_id)
+    assert current is not None
+    return current
+
+
 async def test_an_expired_claim_does_not_renew_itself_after_waiting_for_a_lock(
     pg: tuple[Store, str],
 ) -> None:
@@ -76,7 +93,7 @@ async def test_an_expired_claim_does_not_renew_itself_after_waiting_for_a_lock(
         await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher,
         await psycopg.AsyncConnection.connect(libpq(url)) as locker,
     ):
-        await _until_clock_past(watcher, claim.expires_at - 400)  # live, for a moment more
+        claim = await _expiring_in(store, watcher, claim, 400)  # live, for a moment more
         await locker.execute(
             "SELECT 1 FROM session_execution WHERE session_id = %s FOR UPDATE",
             [claim.session_id],
@@ -139,6 +156,210 @@ async def test_an_older_tool_attempt_cannot_settle_after_a_newer_one_took_the_ca
     assert (await store.events.read_after(claim.session_id)).events == log
     with pytest.raises(StaleAttemptError):
         await store.claims.run_fenced(claim, lambda tx: ToolRuns().check(tx, run), run=run)
+
+
+Write = Callable[[], Awaitable[Any]]
+
+
+async def _xmin(conn: psycopg.AsyncConnection[Any], sid: str) -> str:
+    cur = await conn.execute("SELECT xmin::text FROM session_execution WHERE session_id=%s", [sid])
+    row = await cursor_one(cur)
+    return str(row[0])
+
+
+async def cursor_one(cur: Any) -> Any:
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def _writes(
+    store: Store, conn: psycopg.AsyncConnection[Any], claim: Claim, run: ToolAttempt, before: Any
+) -> dict[str, Write]:
+    """Each fast.py path (and claims.py's), prepared before the race starts."""
+    sid, mid = claim.session_id, run.assistant_message_id
+    version = await _xmin(conn, sid)
+    step = await store.step_snapshot(sid, mid)
+    assert step is not None
+    failed = ev.ToolFailed(
+        session_id=sid,
+        assistant_message_id=mid,
+        call_id="c",
+        error={"type": "tool.execution", "message": "x"},
+    )
+    delta = ev.TextDelta(session_id=sid, assistant_message_id=mid, ordinal=0, delta="d")
+    done = ev.ExecutionSucceeded(session_id=sid, execution_id=claim.execution_id)
+    return {
+        "append": lambda: store.append(claim, [delta]),
+        "append_attempt": lambda: store.append(claim, [delta], step_attempt=5),
+        "settle_call": lambda: store.settle_call(claim, run, succeeded(run), before),
+        "open_turn": lambda: store.open_turn(
+            claim,
+            SimpleNamespace(version=version),
+            step_attempt=5,
+            phase=("ready", mid),  # type: ignore[arg-type]
+        ),
+        "end_step": lambda: store.end_step(claim, step, [failed], step_attempt=5, phase="ready"),
+        "end_execution": lambda: store.end_execution(claim, done, "evt_term", release=True),
+        "end_execution_keep": lambda: store.end_execution(claim, done, "evt_term", release=False),
+        "renew": lambda: store.claims.renew(claim),
+        "release": lambda: store.claims.release(claim),
+        "run_fenced": lambda: store.claims.run_fenced(claim, _nothing, step_attempt=5),
+    }
+
+
+async def _nothing(_tx: Any) -> str:
+    return "written"
+
+
+REFUSED = (None, False)
+NAMES = [
+    "append",
+    "append_attempt",
+    "settle_call",
+    "open_turn",
+    "end_step",
+    "end_execution",
+    "end_execution_keep",
+    "renew",
+    "release",
+    "run_fenced",
+]
+
+
+def _refused(outcome: Any) -> bool:
+    if isinstance(outcome, ClaimLostError | StaleAttemptError):
+        return True
+    return outcome is None or outcome is False
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_no_write_path_renews_an_expired_claim_after_a_lock_only_wait(
+    pg: tuple[Store, str], name: str
+) -> None:
+    """Defect 2 on every path: each of the hot path's statements and the general ones."""
+    store, url = pg
+    claim, run, before = await called(store)
+    claim = await store.claims.current(claim.session_id)
+    assert claim is not None
+    async with (
+        await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher,
+        await psycopg.AsyncConnection.connect(libpq(url)) as locker,
+    ):
+        claim = await _expiring_in(store, watcher, claim, 400)
+        writes = await _writes(store, watcher, claim, run, before)
+        log = (await store.events.read_after(claim.session_id)).events
+        await locker.execute(
+            "SELECT 1 FROM session_execution WHERE session_id = %s FOR UPDATE", [claim.session_id]
+        )
+        task = asyncio.create_task(writes[name]())
+        await _until_waiting_for_a_lock(watcher)
+        await _until_clock_past(watcher, claim.expires_at)
+        await locker.rollback()
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+    assert _refused(outcome), repr(outcome)
+    current = await store.claims.current(claim.session_id)
+    assert current is not None and current.expires_at == claim.expires_at
+    assert (await store.events.read_after(claim.session_id)).events == log
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_no_write_path_of_a_taken_over_claim_commits_after_the_takeover(
+    pg: tuple[Store, str], name: str
+) -> None:
+    """A takeover (epoch + 1) holds the row while a stale write of every path waits on it."""
+    store, url = pg
+    claim, run, before = await called(store)
+    claim = await store.claims.current(claim.session_id)
+    assert claim is not None
+    async with await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher:
+        claim = await _expiring_in(store, watcher, claim, -10)
+        writes = await _writes(store, watcher, claim, run, before)
+        async with store.claims.acquiring(claim.session_id, "exec_b", "owner-b") as (new, _tx):
+            task = asyncio.create_task(writes[name]())
+            await _until_waiting_for_a_lock(watcher)
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        log_after = (await store.events.read_after(claim.session_id)).events
+    assert _refused(outcome), repr(outcome)
+    current = await store.claims.current(claim.session_id)
+    assert current is not None and current.execution_id == "exec_b"
+    assert current.epoch == new.epoch and current.expires_at == new.expires_at
+    # Nothing of the stale execution's after the takeover.
+    stale = [e for e in log_after if getattr(e, "epoch", None) == claim.epoch and e.seq > 0]
+    assert all(e.type != "session.text.delta" for e in stale), stale
+
+
+async def _newer_take_inserts_while(
+    store: Store, url: str, claim: Claim, run: ToolAttempt, write: Write
+) -> Any:
+    newer = ToolAttempt(run.session_id, run.execution_id, run.assistant_message_id, run.call_id, 2)
+    async with await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher:
+        async with store.claims.fenced(claim, run=newer) as tx:
+            assert await ToolRuns().take(tx, newer) is None  # the row is inserted here
+            stale = asyncio.create_task(write())
+            await _until_waiting_for_a_lock(watcher)
+        (outcome,) = await asyncio.gather(stale, return_exceptions=True)
+    return outcome
+
+
+async def test_an_older_attempt_cannot_write_after_a_newer_take_inserted_the_run(
+    pg: tuple[Store, str],
+) -> None:
+    """Attempt 1 of a retry-safe tool takes nothing (activities/tool_run.py _take_call): the
+    call has no tool_run row until attempt 2's take INSERTs it. Attempt 1's fenced write that
+    waited on the claim row during that take must be refused."""
+    store, url = pg
+    claim, run, _before = await called(store)
+    outcome = await _newer_take_inserts_while(
+        store, url, claim, run, lambda: store.claims.run_fenced(claim, _nothing, run=run)
+    )
+    assert isinstance(outcome, StaleAttemptError), outcome
+
+
+async def test_an_older_attempt_cannot_settle_after_a_newer_take_inserted_the_run(
+    pg: tuple[Store, str],
+) -> None:
+    store, url = pg
+    claim, run, before = await called(store)
+    log = (await store.events.read_after(claim.session_id)).events
+    outcome = await _newer_take_inserts_while(
+        store, url, claim, run, lambda: store.settle_call(claim, run, succeeded(run), before)
+    )
+    assert outcome is None, "attempt 1's settlement committed after attempt 2 took the call"
+    assert (await store.events.read_after(claim.session_id)).events == log
+
+
+@pytest.mark.parametrize("name", ["renew", "append", "run_fenced", "settle_call"])
+async def test_a_live_claim_renewed_by_a_sibling_during_the_wait_is_not_refused(
+    pg: tuple[Store, str], name: str
+) -> None:
+    """Another transaction of the same live claim renews it (as every fenced write does) and
+    holds the row while the previous expiry passes. The waiting write's UPDATE judges the
+    snapshot's row (old expiry) with the clock read after the lock: a live claim is refused,
+    and the general path's explanation (``_lost``) finds it live."""
+    store, url = pg
+    claim, run, before = await called(store)
+    claim = await store.claims.current(claim.session_id)
+    assert claim is not None
+    async with await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher:
+        claim = await _expiring_in(store, watcher, claim, 400)
+        writes = await _writes(store, watcher, claim, run, before)
+        async with store.claims.fenced(claim) as _tx:  # renews to now + 3 s, holds the row
+            task = asyncio.create_task(writes[name]())
+            await _until_waiting_for_a_lock(watcher)
+            await _until_clock_past(watcher, claim.expires_at + 50)
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+    current = await store.claims.current(claim.session_id)
+    assert current is not None
+    live = current.expires_at > claim.expires_at
+    assert live
+    assert not isinstance(outcome, BaseException), f"live claim refused: {outcome!r}"
+    if name == "settle_call" and outcome is None:
+        # The one statement hands a wait on a changed claim row to the general path (its
+        # snapshot could not see a tool run inserted meanwhile), which takes it.
+        await store.claims.run_fenced(claim, lambda tx: ToolRuns().check(tx, run), run=run)
+    else:
+        assert outcome is not None, "live claim refused by the hot path"
 
 
 @pytest.mark.parametrize("target", ["sqlite"], indirect=True)
