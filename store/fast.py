@@ -112,7 +112,7 @@ SELECT (SELECT seq FROM allocated) AS last, (SELECT count(*) FROM parts) AS part
 # fence (with the call's attempt, as ``claims.fenced(run=...)``), the part's new state written
 # only if the part is still what the caller read, the seq and the event, in one statement.
 _PG_SETTLE = f"""
-WITH {fence_ctes(Fence(run=True))}, changed AS (
+WITH {fence_ctes(Fence(run=True, take=True))}, changed AS (
   UPDATE session_part SET data = %(part)s
   WHERE message_id = %(mid)s AND position = %(position)s AND session_id = %(sid)s
     AND data = %(before)s AND EXISTS (SELECT 1 FROM renewed)

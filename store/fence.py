@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from store.dialect import DialectName, now_ms
 from store.prepared import compile_text
@@ -57,6 +58,9 @@ class Fence:
     phase: bool = False  # records ``phase_param`` and ``mid_param``
     version: bool = False  # PostgreSQL: the claim row's ``xmin`` as read (``version``)
     release: bool = False  # delete the claim instead of renewing it
+    # With ``run``, PostgreSQL: a call no attempt took yet is taken by this write (the hot
+    # path's settlement of a retry-safe tool's first attempt), instead of refused after a wait.
+    take: bool = False
     phase_param: str = "new_phase"
     mid_param: str = "new_mid"
 
@@ -120,7 +124,7 @@ def _write(dialect: DialectName, rules: Fence, returning: tuple[str, ...]) -> An
         assert locked is not None, "a row version is PostgreSQL's xmin"
         live.append(locked.c.version == sa.cast(sa.bindparam("version"), _Xid()))
     if rules.run and locked is not None:
-        live.append(locked.c.version == _seen_version())
+        live.append(_run_is_seen(locked, now, live if rules.take else None))
     conditions: list[Any] = [_x.session_id == sa.bindparam("sid")]
     if locked is None:
         conditions += live
@@ -153,6 +157,40 @@ def _locked() -> Any:
         .with_for_update()
         .cte("locked")
     )
+
+
+def _run_is_seen(locked: Any, now: Any, live: list[Any] | None) -> Any:
+    """Whether the statement can trust what it reads of the tool call's row. A row its
+    snapshot saw is locked by ``run`` and read at its latest version. A row inserted while the
+    statement waited (a newer attempt's first take: a retry-safe tool's first attempt takes
+    nothing) is invisible to it: then the claim row must not have changed during the wait, or,
+    with ``live`` (``Fence.take``), this write takes the call itself, which the row inserted
+    meanwhile refuses (``ON CONFLICT`` sees every commit)."""
+    seen = tool_run_table.alias("seen_run")
+    visible = sa.exists(
+        sa.select(seen.c.attempt).where(
+            seen.c.session_id == sa.bindparam("sid"),
+            seen.c.assistant_message_id == sa.bindparam("mid"),
+            seen.c.call_id == sa.bindparam("cid"),
+        )
+    )
+    if live is None:
+        return sa.or_(visible, locked.c.version == _seen_version())
+    columns = ["session_id", "assistant_message_id", "call_id", "attempt", "time_created"]
+    # Typed as the columns they fill: each parameter is cast alike wherever it appears.
+    values = [
+        sa.bindparam(name, type_=tool_run_table.c[column].type)
+        for name, column in zip(("sid", "mid", "cid", "run_attempt"), columns, strict=False)
+    ]
+    row = sa.select(*values, now).where(~visible, sa.exists(sa.select(locked.c.id).where(*live)))
+    taken = (
+        postgresql.insert(tool_run_table)
+        .from_select(columns, row)
+        .on_conflict_do_nothing()
+        .returning(tool_run_table.c.attempt)
+        .cte("taken")
+    )
+    return sa.or_(visible, sa.exists(sa.select(taken.c.attempt)))
 
 
 def _seen_version() -> Any:

@@ -122,32 +122,39 @@ async def _taken_while_a_write_waits(
         return await asyncio.gather(stale, return_exceptions=True)
 
 
+FIRST_TOOK = pytest.mark.parametrize(
+    "first_took", [True, False], ids=["run_updated", "run_inserted"]
+)
+
+
+@FIRST_TOOK
 async def test_an_older_tool_attempt_cannot_write_after_a_newer_one_took_the_call(
-    pg: tuple[Store, str],
+    pg: tuple[Store, str], first_took: bool
 ) -> None:
     """Defect 1, the general path: attempt 1's fenced write (``run=``) waited on the claim row
     while attempt 2's take held it; the later-attempt check kept the statement's snapshot, and
-    attempt 1's write committed after attempt 2 owned the call."""
+    attempt 1's write committed after attempt 2 owned the call. ``run_inserted``: attempt 1 of
+    a retry-safe tool takes nothing (``activities/tool_run.py``), so attempt 2's take inserts
+    the call's row, which the waiting statement cannot see."""
     store, url = pg
     claim, run, _part = await called(store)
-    await store.claims.run_fenced(claim, lambda tx: ToolRuns().take(tx, run), run=run)
-
-    async def nothing(_tx: Any) -> str:
-        return "written"
-
+    if first_took:
+        await store.claims.run_fenced(claim, lambda tx: ToolRuns().take(tx, run), run=run)
     (outcome,) = await _taken_while_a_write_waits(
-        store, url, claim, run, lambda: store.claims.run_fenced(claim, nothing, run=run)
+        store, url, claim, run, lambda: store.claims.run_fenced(claim, _nothing, run=run)
     )
     assert isinstance(outcome, StaleAttemptError), outcome
 
 
+@FIRST_TOOK
 async def test_an_older_tool_attempt_cannot_settle_after_a_newer_one_took_the_call(
-    pg: tuple[Store, str],
+    pg: tuple[Store, str], first_took: bool
 ) -> None:
     """Defect 1, the one-statement settlement (``Store.settle_call``)."""
     store, url = pg
     claim, run, before = await called(store)
-    await store.claims.run_fenced(claim, lambda tx: ToolRuns().take(tx, run), run=run)
+    if first_took:
+        await store.claims.run_fenced(claim, lambda tx: ToolRuns().take(tx, run), run=run)
     log = (await store.events.read_after(claim.session_id)).events
     (outcome,) = await _taken_while_a_write_waits(
         store, url, claim, run, lambda: store.settle_call(claim, run, succeeded(run), before)
@@ -287,46 +294,6 @@ async def test_no_write_path_of_a_taken_over_claim_commits_after_the_takeover(
     # Nothing of the stale execution's after the takeover.
     stale = [e for e in log_after if getattr(e, "epoch", None) == claim.epoch and e.seq > 0]
     assert all(e.type != "session.text.delta" for e in stale), stale
-
-
-async def _newer_take_inserts_while(
-    store: Store, url: str, claim: Claim, run: ToolAttempt, write: Write
-) -> Any:
-    newer = ToolAttempt(run.session_id, run.execution_id, run.assistant_message_id, run.call_id, 2)
-    async with await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher:
-        async with store.claims.fenced(claim, run=newer) as tx:
-            assert await ToolRuns().take(tx, newer) is None  # the row is inserted here
-            stale = asyncio.create_task(write())
-            await _until_waiting_for_a_lock(watcher)
-        (outcome,) = await asyncio.gather(stale, return_exceptions=True)
-    return outcome
-
-
-async def test_an_older_attempt_cannot_write_after_a_newer_take_inserted_the_run(
-    pg: tuple[Store, str],
-) -> None:
-    """Attempt 1 of a retry-safe tool takes nothing (activities/tool_run.py _take_call): the
-    call has no tool_run row until attempt 2's take INSERTs it. Attempt 1's fenced write that
-    waited on the claim row during that take must be refused."""
-    store, url = pg
-    claim, run, _before = await called(store)
-    outcome = await _newer_take_inserts_while(
-        store, url, claim, run, lambda: store.claims.run_fenced(claim, _nothing, run=run)
-    )
-    assert isinstance(outcome, StaleAttemptError), outcome
-
-
-async def test_an_older_attempt_cannot_settle_after_a_newer_take_inserted_the_run(
-    pg: tuple[Store, str],
-) -> None:
-    store, url = pg
-    claim, run, before = await called(store)
-    log = (await store.events.read_after(claim.session_id)).events
-    outcome = await _newer_take_inserts_while(
-        store, url, claim, run, lambda: store.settle_call(claim, run, succeeded(run), before)
-    )
-    assert outcome is None, "attempt 1's settlement committed after attempt 2 took the call"
-    assert (await store.events.read_after(claim.session_id)).events == log
 
 
 @pytest.mark.parametrize("name", ["renew", "append", "run_fenced", "settle_call"])
