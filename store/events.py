@@ -686,12 +686,29 @@ def unique_violation_error(
     return SequenceConflictError(first["aggregate_id"], int(taken[1]) if taken else first["seq"])
 
 
-def _allocate_statement(dialect: DialectName) -> Any:
-    n = sa.bindparam("n", type_=sa.BigInteger)
-    statement = insert(dialect, sequence_table).values(aggregate_id=sa.bindparam("agg"), seq=n - 1)
+def allocation(
+    dialect: DialectName, *, after: str | None = None, agg: str = "agg", n: int | None = None
+) -> Any:
+    """Seq allocation, its one definition: reserve ``n`` seqs of aggregate ``agg`` under its
+    sequence row (created at the first), returning the last one. ``after``: the hot path's
+    form, a row only for each row of that CTE (the fence, or what it guards), so a refused
+    write reserves nothing. ``n`` given: a constant count, else the parameter ``n``."""
+    count: Any = sa.bindparam("n", type_=sa.BigInteger) if n is None else sa.literal_column(str(n))
+    aggregate = sa.bindparam(agg, type_=sequence_table.c.aggregate_id.type)
+    last_before = count - sa.literal_column("1")  # a literal: the hot path embeds this text
+    statement = insert(dialect, sequence_table)
+    if after is None:
+        statement = statement.values(aggregate_id=aggregate, seq=last_before)
+    else:
+        source = sa.select(aggregate, last_before).select_from(sa.table(after))
+        statement = statement.from_select(["aggregate_id", "seq"], source)
     return statement.on_conflict_do_update(
-        index_elements=[sequence_table.c.aggregate_id], set_={"seq": sequence_table.c.seq + n}
+        index_elements=[sequence_table.c.aggregate_id], set_={"seq": sequence_table.c.seq + count}
     ).returning(sequence_table.c.seq)
+
+
+def _allocate_statement(dialect: DialectName) -> Any:
+    return allocation(dialect)
 
 
 _ALLOCATE = Prepared(_allocate_statement)

@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 
 from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
 from store.dialect import store_error
-from store.events import unique_violation_error
+from store.events import allocation, unique_violation_error
 from store.fence import NOW, Fence, fence, fence_ctes
 from store.prepared import Prepared, compile_text
 
@@ -43,11 +43,7 @@ OnCommit = Callable[[], None]
 _BUSY_SLICE_MS = 50
 # The fence, from its one definition (``store/fence.py``): a batch may carry no step attempt.
 _SQLITE_RENEW = compile_text(fence("sqlite", Fence(attempt="optional"), ("expires_at",)), "sqlite")
-_SQLITE_ALLOCATE = """
-INSERT INTO event_sequence (aggregate_id, seq) VALUES (:agg, :n - 1)
-ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + :n
-RETURNING seq
-"""
+_SQLITE_ALLOCATE = compile_text(allocation("sqlite"), "sqlite")
 _INSERT = """
 INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
 VALUES (:id, :aggregate_id, :seq, :created, :type, :data, :execution_id, :epoch)
@@ -58,13 +54,15 @@ _PG_NOW = NOW["postgresql"]
 # CTEs end with ``renewed``), the seqs allocated under the sequence row only if it was, and the
 # events inserted at them.
 _PG_RENEWED = fence_ctes(Fence(attempt="optional"))
-_PG_ALLOCATED = """
-allocated AS (
-  INSERT INTO event_sequence (aggregate_id, seq)
-  SELECT %(agg)s, %(n)s - 1 FROM renewed
-  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
-  RETURNING seq
-)"""
+
+
+def _pg_allocated(after: str, **options: Any) -> str:
+    """Seq allocation (``events.allocation``) as the CTE ``allocated``, after ``after``."""
+    statement = allocation("postgresql", after=after, **options)
+    return f"allocated AS ({compile_text(statement, 'postgresql')})"
+
+
+_PG_ALLOCATED = _pg_allocated("renewed")
 _PG_INSERTED = """
 inserted AS (
   INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
@@ -117,12 +115,7 @@ WITH {fence_ctes(Fence(run=True, take=True))}, changed AS (
   WHERE message_id = %(mid)s AND position = %(position)s AND session_id = %(sid)s
     AND data = %(before)s AND EXISTS (SELECT 1 FROM renewed)
   RETURNING 1
-), allocated AS (
-  INSERT INTO event_sequence (aggregate_id, seq)
-  SELECT %(sid)s, 0 FROM changed
-  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + 1
-  RETURNING seq
-), inserted AS (
+), {_pg_allocated("changed", agg="sid", n=1)}, inserted AS (
   INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
   SELECT %(id)s, %(sid)s, seq, %(created)s, %(type)s, %(data)s, %(eid)s, %(epoch)s
   FROM allocated
@@ -268,12 +261,7 @@ WITH claimed AS (
     AND NOT EXISTS (SELECT 1 FROM event WHERE id = ANY(%(ids)b::text[]))
   ON CONFLICT (session_id) DO NOTHING
   RETURNING epoch, expires_at
-), allocated AS (
-  INSERT INTO event_sequence (aggregate_id, seq)
-  SELECT %(agg)s, %(n)s - 1 FROM claimed
-  ON CONFLICT (aggregate_id) DO UPDATE SET seq = event_sequence.seq + %(n)s
-  RETURNING seq
-), inserted AS (
+), {_pg_allocated("claimed")}, inserted AS (
   INSERT INTO event (id, aggregate_id, seq, created, type, data, execution_id, epoch)
   SELECT e.id, %(agg)s, a.seq - %(n)s + e.ord, e.created, e.type, e.data, %(eid)s::text, c.epoch
   FROM allocated a, claimed c,
