@@ -513,8 +513,7 @@ class SessionClient:
         answer (``WrongRequestKindError``, naming what waits and the command that answers
         it). A rejection of a question cancels it. A request not waiting is left to the
         update, which answers a repeat of the first reply with its result."""
-        waiting = await self.waiting(session_id)
-        request = next((r for r in waiting if r.request_id == request_id), None)
+        request = await self._find_waiting(session_id, request_id)
         if request is None:
             return
         if request.kind == "question" and (answering or decision == "reject"):
@@ -524,11 +523,14 @@ class SessionClient:
         raise wrong_kind(session_id, request)
 
     async def _waiting(self, session_id: str, request_id: str) -> PermissionRequest:
-        waiting = await self.waiting(session_id)
-        found = next((r for r in waiting if r.request_id == request_id), None)
+        found = await self._find_waiting(session_id, request_id)
         if found is None:
-            raise RequestNotWaitingError(session_id, request_id, [r.request_id for r in waiting])
+            waiting = [r.request_id for r in await self.waiting(session_id)]
+            raise RequestNotWaitingError(session_id, request_id, waiting)
         return found
+
+    async def _find_waiting(self, session_id: str, request_id: str) -> PermissionRequest | None:
+        return next((r for r in await self.waiting(session_id) if r.request_id == request_id), None)
 
     async def set_agent(self, session_id: str, agent: str) -> None:
         """Select the session's agent; it applies from the next model turn on."""

@@ -79,35 +79,6 @@ async def _expiring_in(
     return current
 
 
-async def test_an_expired_claim_does_not_renew_itself_after_waiting_for_a_lock(
-    pg: tuple[Store, str],
-) -> None:
-    """Defect 2: the renewal waited on the claim row, locked by a transaction that only locked
-    it and then rolled back; the lease ran out meanwhile. Judged on the clock read before the
-    wait, the expired claim renewed itself."""
-    store, url = pg
-    renewed, _run, _part = await called(store)
-    claim = await store.claims.current(renewed.session_id)  # the expiry its last write set
-    assert claim is not None
-    async with (
-        await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher,
-        await psycopg.AsyncConnection.connect(libpq(url)) as locker,
-    ):
-        claim = await _expiring_in(store, watcher, claim, 400)  # live, for a moment more
-        await locker.execute(
-            "SELECT 1 FROM session_execution WHERE session_id = %s FOR UPDATE",
-            [claim.session_id],
-        )
-        renewal = asyncio.create_task(store.claims.renew(claim))
-        await _until_waiting_for_a_lock(watcher)
-        await _until_clock_past(watcher, claim.expires_at)
-        await locker.rollback()
-        with pytest.raises(ClaimLostError):
-            await renewal
-    current = await store.claims.current(claim.session_id)
-    assert current is not None and current.expires_at == claim.expires_at  # not renewed
-
-
 async def _taken_while_a_write_waits(
     store: Store, url: str, claim: Claim, run: ToolAttempt, write: Any
 ) -> Any:
@@ -234,6 +205,15 @@ NAMES = [
 ]
 
 
+async def _called_now(store: Store) -> tuple[Claim, ToolAttempt, Any]:
+    """A recorded call (``called``), with its claim as the store holds it now (the expiry
+    its last write set)."""
+    claim, run, before = await called(store)
+    current = await store.claims.current(claim.session_id)
+    assert current is not None
+    return current, run, before
+
+
 def _refused(outcome: Any) -> bool:
     if isinstance(outcome, ClaimLostError | StaleAttemptError):
         return True
@@ -244,11 +224,12 @@ def _refused(outcome: Any) -> bool:
 async def test_no_write_path_renews_an_expired_claim_after_a_lock_only_wait(
     pg: tuple[Store, str], name: str
 ) -> None:
-    """Defect 2 on every path: each of the hot path's statements and the general ones."""
+    """Defect 2, on every path (the hot path's statements and the general ones, ``renew``
+    among them): the write waited on the claim row, locked by a transaction that only locked
+    it and then rolled back; the lease ran out meanwhile. Judged on the clock read before the
+    wait, the expired claim renewed itself."""
     store, url = pg
-    claim, run, before = await called(store)
-    claim = await store.claims.current(claim.session_id)
-    assert claim is not None
+    claim, run, before = await _called_now(store)
     async with (
         await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher,
         await psycopg.AsyncConnection.connect(libpq(url)) as locker,
@@ -276,9 +257,7 @@ async def test_no_write_path_of_a_taken_over_claim_commits_after_the_takeover(
 ) -> None:
     """A takeover (epoch + 1) holds the row while a stale write of every path waits on it."""
     store, url = pg
-    claim, run, before = await called(store)
-    claim = await store.claims.current(claim.session_id)
-    assert claim is not None
+    claim, run, before = await _called_now(store)
     async with await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher:
         claim = await _expiring_in(store, watcher, claim, -10)
         writes = await _writes(store, watcher, claim, run, before)
@@ -305,9 +284,7 @@ async def test_a_live_claim_renewed_by_a_sibling_during_the_wait_is_not_refused(
     snapshot's row (old expiry) with the clock read after the lock: a live claim is refused,
     and the general path's explanation (``_lost``) finds it live."""
     store, url = pg
-    claim, run, before = await called(store)
-    claim = await store.claims.current(claim.session_id)
-    assert claim is not None
+    claim, run, before = await _called_now(store)
     async with await psycopg.AsyncConnection.connect(libpq(url), autocommit=True) as watcher:
         claim = await _expiring_in(store, watcher, claim, 400)
         writes = await _writes(store, watcher, claim, run, before)
