@@ -18,7 +18,6 @@ from activities.history import current_history
 from activities.providers import base as p
 from activities.providers.limits import model_limits
 from activities.runtime import Runtime, heartbeating, to_claim, translated
-from activities.turn import count_request
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Limits, ModelRef, SessionError
 from sessionflow.models.drain import CompactInput, CompactResult
@@ -138,7 +137,9 @@ class CompactionActivities:
         store = self.rt.store
         provider = p.open_provider(self.rt.providers(model))  # before the request counts
         index = await store.claims.run_fenced(
-            claim, lambda tx: count_request(tx, claim.session_id), step_attempt=request.attempt
+            claim,
+            lambda tx: store.sessions.count_request(tx, claim.session_id),
+            step_attempt=request.attempt,
         )
         provider_request = p.ProviderRequest(
             session_id=claim.session_id,

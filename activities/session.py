@@ -8,7 +8,6 @@ because Temporal delivers activities at least once.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from temporalio import activity
@@ -24,7 +23,6 @@ from activities.restart import (
 from activities.runtime import Runtime, to_claim, to_ref, translated
 from activities.tools.changes import step_files
 from sessionflow.agents import UnknownAgentError
-from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
@@ -55,6 +53,7 @@ from store.claims import Phase, Recovery
 from store.db import Tx
 from store.inputs import Waiting
 from store.projector import load_message
+from store.write.decide import Decision, Written
 
 __all__ = ["BUDGET_MESSAGE", "RESTART_TEXT", "SessionActivities"]
 
@@ -87,24 +86,13 @@ class SessionActivities:
             session_id=request.session_id, execution_id=request.execution_id
         )
 
-        async def start(_claim: Any, tx: Tx) -> None:
-            await self.store.events.publish(
-                started, id=f"evt_{request.execution_id}_started", tx=tx
-            )
-
         async with translated():
-            # The claim and its execution.started commit together: in one statement when the
-            # session has no claim row (PostgreSQL), else in a transaction retried whole (C6).
-            claim = await self.store.claim_at_once(
+            claim = await self.store.acquire(
                 request.session_id,
                 request.execution_id,
                 request.owner_id,
                 [(started, f"evt_{request.execution_id}_started")],
             )
-            if claim is None:
-                claim = await self.store.claims.acquire_with(
-                    request.session_id, request.execution_id, request.owner_id, start
-                )
             return to_ref(claim)
 
     @activity.defn
@@ -128,28 +116,10 @@ class SessionActivities:
                 session_id=claim.session_id, execution_id=claim.execution_id, error=error
             )
         terminal_id = f"evt_{claim.execution_id}_{outcome.type}"
-        fenced = to_claim(claim)
-
-        async def finish(tx: Tx) -> None:
-            await self.store.events.publish(event, id=terminal_id, tx=tx)
-            await self.store.claims.clear_recoveries(tx, claim.session_id)
-            if not request.keep_claim:
-                await self.store.claims.release_in(tx, fenced)
-
         async with translated():
-            release = not request.keep_claim
-            if await self.store.end_execution(fenced, event, terminal_id, release=release):
-                return
-            try:
-                # The terminal event and the release commit together: no window in which the
-                # session is finished but still claimed (or released without its terminal).
-                # Run again whole after a conflict (C6).
-                await self.store.claims.run_fenced(fenced, finish)
-            except ClaimLostError:
-                # An earlier attempt committed and lost its answer (catalogue C2): the claim
-                # is released because this very terminal was written with it.
-                if not await self.store.events.exists(claim.session_id, terminal_id):
-                    raise
+            await self.store.finish_execution(
+                to_claim(claim), event, terminal_id, release=not request.keep_claim
+            )
 
     @activity.defn
     async def claim_and_prepare(self, request: ClaimAndPrepareInput) -> ClaimAndPrepareResult:
@@ -266,56 +236,44 @@ class SessionActivities:
     async def settle_step(self, request: FinishStepInput) -> FinishStepResult:
         """``finish_step``'s work, also done by a turn that made no local calls."""
         turn, claim = request.turn, to_claim(request.claim)
-
-        async def finish(tx: Tx) -> FinishStepResult:
-            # Read in the transaction: its events then update this very message. Each run
-            # (C6: again after a conflict) reads it afresh and decides from what it read.
-            message = await load_message(tx, claim.session_id, turn.assistant_message_id)
-            if not isinstance(message, AssistantMessage):
-                if turn.lost is not None and not request.restart:
-                    return FinishStepResult(ended=False, failure=BUDGET_ERROR)
-                return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
-            if turn.lost is not None:
-                return await self._close_lost(tx, request, message, turn.lost)
-            return await self._write(tx, request, message, self._settlement(request, message))
-
         async with translated():
-            if turn.lost is None:
-                ended = await self._end_at_once(request)
-                if ended is not None:
-                    return ended
-            result: FinishStepResult = await self.store.claims.run_fenced(
-                claim, finish, step_attempt=request.attempt
+            if turn.lost is not None:
+                return await self._close_lost(request)
+            written: Written[FinishStepResult] = await self.store.end_step_with(
+                claim,
+                turn.assistant_message_id,
+                lambda message: self._settlement(request, message),
+                step_attempt=request.attempt,
             )
-            return result
+            if written.waiting is None:
+                return written.result
+            return _with_pending(written.result, written.waiting)
 
-    async def _end_at_once(self, request: FinishStepInput) -> FinishStepResult | None:
-        """The usual end of a step on PostgreSQL in two statements instead of a transaction of
-        nine: the message read, then the settlement decided from it written in one statement
-        (``Store.end_step``), which applies only if no fenced write came between. None when
-        this path does not apply and nothing was written: the general path then settles it."""
-        claim = to_claim(request.claim)
-        mid = request.turn.assistant_message_id
-        snapshot = await self.store.step_snapshot(claim.session_id, mid)
-        if snapshot is None or not isinstance(snapshot.message, AssistantMessage):
-            return None
-        plan = self._settlement(request, snapshot.message)
-        fresh = [event for event in plan.events if not isinstance(event, tuple)]
-        if plan.phase is None or plan.hold_until is not None or len(fresh) < len(plan.events):
-            return None  # nothing to write, a hold, or events with fixed ids to look up first
-        waiting = await self.store.end_step(
-            claim, snapshot, fresh, step_attempt=request.attempt, phase=plan.phase
-        )
-        if waiting is None:
-            return None
-        return _with_pending(plan.result, waiting) if plan.ask_pending else plan.result
-
-    async def _close_lost(
-        self, tx: Tx, request: FinishStepInput, message: AssistantMessage, lost: SessionError
-    ) -> FinishStepResult:
+    async def _close_lost(self, request: FinishStepInput) -> FinishStepResult:
         """End the lost step; unless the resume budget is spent, ask the model to continue.
         A step its turn had settled before the loss is not restarted (``ended``, no
         ``restarted``): the workflow takes it as settled."""
+        turn, claim = request.turn, to_claim(request.claim)
+        assert turn.lost is not None
+        lost = turn.lost
+
+        async def close(tx: Tx) -> FinishStepResult:
+            # Read in the transaction, afresh on each run (C6: again after a conflict).
+            message = await load_message(tx, claim.session_id, turn.assistant_message_id)
+            if not isinstance(message, AssistantMessage):
+                if not request.restart:
+                    return FinishStepResult(ended=False, failure=BUDGET_ERROR)
+                return FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
+            return await self._close_lost_in(tx, request, message, lost)
+
+        result: FinishStepResult = await self.store.claims.run_fenced(
+            claim, close, step_attempt=request.attempt
+        )
+        return result
+
+    async def _close_lost_in(
+        self, tx: Tx, request: FinishStepInput, message: AssistantMessage, lost: SessionError
+    ) -> FinishStepResult:
         restarted = FinishStepResult(ended=False, needs_continuation=True, restarted=True)
         spent = FinishStepResult(ended=False, failure=BUDGET_ERROR)
         if _ended(message):
@@ -333,29 +291,17 @@ class SessionActivities:
         await self.store.claims.record_phase(tx, to_claim(request.claim), phase, message.id)
         return restarted if request.restart else spent
 
-    async def _write(
-        self, tx: Tx, request: FinishStepInput, message: AssistantMessage, plan: _Settlement
-    ) -> FinishStepResult:
-        """Write ``plan`` in the fenced ``tx``."""
-        if plan.phase is None:
-            return plan.result
-        claim = to_claim(request.claim)
-        await self.store.events.publish_many(plan.events, tx=tx)
-        await self.store.claims.record_phase(tx, claim, plan.phase, message.id)
-        if plan.hold_until is not None:
-            await self.store.claims.extend_until(tx, claim, plan.hold_until)
-        if not plan.ask_pending:
-            return plan.result
-        waiting = await self.store.inputs.waiting(message.session_id, tx=tx)
-        return _with_pending(plan.result, waiting)
-
-    def _settlement(self, request: FinishStepInput, message: AssistantMessage) -> _Settlement:
-        """How the step ends, decided from its message alone (no I/O), so that either path
-        can write it."""
+    def _settlement(self, request: FinishStepInput, message: Any) -> Decision[FinishStepResult]:
+        """How the step ends, decided from its message alone (no I/O), so that the store may
+        write it at once or in a fenced transaction."""
         turn = request.turn
+        if not isinstance(message, AssistantMessage):
+            return Decision(
+                FinishStepResult(ended=False, failure=turn.step_failure or turn.raw_error)
+            )
         if _ended(message):
             # Already settled by an earlier attempt of this activity: settle once.
-            return _Settlement(_as_settled(message, turn))
+            return Decision(_as_settled(message, turn))
         if request.retry_at_ms is not None and turn.raw_error is not None:
             return _retry(request, message)
         unsettled = [p for p in message.content if isinstance(p, ToolPart) and not p.settled]
@@ -377,12 +323,13 @@ class SessionActivities:
             failure = self._sweep(message, unsettled, turn, events, failure)
         events += _step_end(message, turn, failure)
         needs = bool(turn.calls) and not turn.provider_failed and failure is None
-        return _Settlement(
+        return Decision(
             FinishStepResult(ended=failure is None, failure=failure, needs_continuation=needs),
             events,
             phase="continue" if needs else "ready",
+            phase_of=message.id,
             # The workflow's next question, answered here instead of by another activity.
-            ask_pending=not needs and not request.interrupted,
+            wants_waiting=not needs and not request.interrupted,
         )
 
     @staticmethod
@@ -410,19 +357,6 @@ class SessionActivities:
         return failure
 
 
-@dataclass(frozen=True)
-class _Settlement:
-    """What ending a step writes: its events, the phase recorded with them (None: nothing to
-    write, an earlier attempt settled the step), how long the claim must at least live (a
-    scheduled retry), and whether the result says what waits to be promoted."""
-
-    result: FinishStepResult
-    events: list[ev.Event | tuple[ev.Event, str]] = field(default_factory=list)
-    phase: Phase | None = None
-    hold_until: int | None = None
-    ask_pending: bool = False
-
-
 def _ended(message: AssistantMessage) -> bool:
     return message.time_completed is not None and message.finish is not None
 
@@ -438,7 +372,7 @@ def _as_settled(message: AssistantMessage, turn: Any) -> FinishStepResult:
     )
 
 
-def _retry(request: FinishStepInput, message: AssistantMessage) -> _Settlement:
+def _retry(request: FinishStepInput, message: AssistantMessage) -> Decision[FinishStepResult]:
     """A retry of the provider request, scheduled for ``retry_at_ms``."""
     turn = request.turn
     assert request.retry_at_ms is not None and turn.raw_error is not None
@@ -450,11 +384,12 @@ def _retry(request: FinishStepInput, message: AssistantMessage) -> _Settlement:
         at=request.retry_at_ms,
         error=turn.raw_error,
     )
-    return _Settlement(
+    return Decision(
         FinishStepResult(ended=False),
         # A fixed id: a retried activity records the retry once.
         [(retry, f"evt_{message.id}_retry_{attempt}")],
         phase="continue",
+        phase_of=message.id,
         # Nothing renews the claim while the workflow waits: hold it past the retry.
         hold_until=request.retry_at_ms + request.claim.lease_ms,
     )

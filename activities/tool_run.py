@@ -26,12 +26,11 @@ from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, TextContent
 from sessionflow.models.drain import ToolInput, ToolOutcome
-from sessionflow.models.messages import AssistantMessage, ToolCompleted, ToolError, ToolPart
+from sessionflow.models.messages import ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
-from store.db import Tx
-from store.projector import load_message
 from store.sessions import SessionInfo, StoredPart
 from store.tool_runs import ToolAttempt
+from store.write.decide import Decision
 
 
 class ToolActivities:
@@ -167,40 +166,26 @@ class ToolActivities:
         output: ToolOutput | None = None,
         before: StoredPart | None = None,
     ) -> ToolOutcome:
-        """Settle the call once. From ``before`` (the part as read when the call began), on
-        PostgreSQL, in one statement; else, or when the part changed meanwhile (progress, an
-        answer, another settlement), in a fenced transaction that reads it again."""
+        """Settle the call once, by its latest attempt: a retry after a commit cut off finds
+        it settled and answers what settled it. From ``before`` (the part as read when the call
+        began) the store writes it at once where it can, else it decides again from the part
+        as its fenced transaction reads it (a part that moved: progress, an answer, another
+        settlement)."""
         event = _settlement(run, error, output)
-        store = self.rt.store
+        outcome = _settled_outcome(run, error)
+
+        def decide(part: ToolPart | None) -> Decision[ToolOutcome]:
+            if part is not None and part.settled:
+                return Decision(_outcome(part))
+            return Decision(outcome, [event])
 
         async def settle() -> ToolOutcome:
-            if before is None or await store.settle_call(claim, run, event, before) is None:
-                return await self._settle_reading(claim, run, event)
-            return _settled_outcome(run, error)
+            return await self.rt.store.settle_with(claim, run, before, decide)
 
         # The tool ran: its outcome is only here until it is stored, so a database outage is
         # waited out (within the lease) rather than failing the call. Each try is safe to
         # repeat: a settlement that committed is found settled by the next one.
         return await through_outages(settle, within_ms=claim.lease_ms)
-
-    async def _settle_reading(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> ToolOutcome:
-        store = self.rt.store
-
-        async def settle(tx: Tx) -> ToolOutcome | None:
-            # Checked and settled in one fenced transaction: a call settles exactly once, by
-            # its latest attempt (so a retry after a commit cut off finds it settled). Run
-            # again whole after a conflict (C6), reading the part afresh.
-            message = await load_message(tx, claim.session_id, run.assistant_message_id)
-            part = message.tool(run.call_id) if isinstance(message, AssistantMessage) else None
-            if part is not None and part.settled:
-                return _outcome(part)
-            await store.events.publish(event, tx=tx)
-            return None
-
-        earlier = await store.claims.run_fenced(claim, settle, run=run)
-        if earlier is not None:
-            return earlier
-        return _settled_outcome(run, event.error if isinstance(event, ev.ToolFailed) else None)
 
     async def _publish(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> None:
         store = self.rt.store

@@ -17,11 +17,10 @@ import json
 import logging
 import math
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
 from temporalio import activity
 
 from activities import compaction, context
@@ -55,34 +54,18 @@ from sessionflow.models.drain import (
     TurnResult,
     workflow_id,
 )
-from store.claims import Claim, Phase
+from store.claims import Claim
 from store.db import Tx
 from store.facade import TurnView
-from store.prepared import Prepared
-from store.schema import session_table
-from store.sessions import Pending, SessionInfo, StepBasis
+from store.sessions import Pending, SessionInfo, StepBasis, TurnSnapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHUT_DOWN = SessionError(type="aborted", message="Step interrupted: its worker shut down")
-_COUNT_REQUEST = Prepared(
-    lambda _dialect: (
-        session_table.update()
-        .where(session_table.c.id == sa.bindparam("sid"))
-        .values(request_count=session_table.c.request_count + 1)
-        .returning(session_table.c.request_count)
-    )
-)
 
 
 class _CompactFirst(Exception):
     """The request would not fit: roll the turn's opening back and compact first."""
-
-
-async def count_request(tx: Tx, session_id: str) -> int:
-    """Count one provider request (inside a fenced ``tx``); returns its 0-based index."""
-    ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": session_id})
-    return int(count) - 1
 
 
 def _settles_itself(result: TurnResult) -> bool:
@@ -200,19 +183,30 @@ class TurnActivities:
         return compaction.over_limit(size, limits, settings)
 
     async def _begin(self, claim: Claim, request: TurnInput) -> _Begun:
-        """Open the attempt in one fenced transaction: open the provider (a script that does
-        not load fails here, and the rollback leaves nothing promoted and no turn used),
-        promote what is pending, reconcile the context baseline, record that a model call is
-        in flight, count the request. The step is 1 when a prompt was promoted.
+        """Open the attempt: open the provider (a script that does not load fails here, and
+        nothing is promoted and no turn used), promote what is pending, reconcile the context
+        baseline, record that a model call is in flight, count the request. The step is 1
+        when a prompt was promoted.
 
-        Run again from the start after a serialization failure or a deadlock (C6,
-        ``run_fenced``): every run reads the session, opens its provider (opening only loads
-        what it needs, so again is harmless) and computes step, baseline and index afresh.
-        On PostgreSQL the usual opening takes two statements instead (``_begin_at_once``)."""
+        The store (``Store.begin_turn``) opens the usual turn (nothing to promote, the context
+        unchanged) from a read outside any transaction where it can (``at_once``), else in
+        one fenced transaction (``begin``), run again from the start after a serialization
+        failure or a deadlock (C6): every run reads the session, opens its provider (opening
+        only loads what it needs, so again is harmless) and computes step, baseline and index
+        afresh."""
         store = self.rt.store
-        begun_at_once = await self._begin_at_once(claim, request)
-        if begun_at_once is not None:
-            return begun_at_once
+
+        async def at_once(snapshot: TurnSnapshot) -> Callable[[int], _Begun] | None:
+            if _promotes(request, snapshot.pending):
+                return None
+            session = snapshot.session
+            agent, model, provider = await self._open(session, request)
+            baseline, noted = self._reconciled(session)
+            if noted:
+                return None
+            return lambda index: _Begun(
+                session, request.step, index, baseline, agent, model, provider, snapshot.basis
+            )
 
         async def begin(tx: Tx) -> _Begun:
             step = request.step
@@ -225,52 +219,29 @@ class TurnActivities:
             if noted:
                 await store.events.publish_many(noted, tx=tx)
             # Only what the opening read says waits (nothing is promoted behind a compaction).
-            promoted = 0
             if request.promotion is not None and not pending.compaction:
+                promoted = 0
                 if request.promotion == "queue" and pending.queue:
                     promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
                 if pending.steer:
                     promoted += await store.inputs.promote_steers(tx, claim.session_id)
                 if promoted:
                     step = 1
-            index = await count_request(tx, claim.session_id)
-            # The events written here follow what the opening read (one per context change and
-            # per promoted prompt), unless an admission came between: then the step's start
-            # finds the log moved, and takes the general path.
-            basis = replace(basis, seq=basis.seq + len(noted) + promoted)
+            index = await store.sessions.count_request(tx, claim.session_id)
+            basis = basis.after(tx, claim.session_id)
             return _Begun(session, step, index, baseline, agent, model, provider, basis)
 
         # A model call is in flight: a takeover must treat the step's outcome as unknown. The
-        # fence records it, in the transaction of everything above.
-        in_flight: tuple[Phase, str | None] = ("unknown", request.assistant_message_id)
-        begun: _Begun = await store.claims.run_fenced(
-            claim, begin, step_attempt=request.attempt, phase=in_flight
+        # fence records it, with everything the opening writes.
+        begun: _Begun = await store.begin_turn(
+            claim,
+            request.assistant_message_id,
+            prepare=at_once,
+            begin=begin,
+            step_attempt=request.attempt,
+            phase=("unknown", request.assistant_message_id),
         )
         return begun
-
-    async def _begin_at_once(self, claim: Claim, request: TurnInput) -> _Begun | None:
-        """The usual opening on PostgreSQL (nothing to promote, the context unchanged) in two
-        statements instead of a transaction of five: the session read with its claim row's
-        version, then the fence recording the in-flight phase with the request's count in one
-        (``Store.open_turn``), which applies only if no fenced write came between. None when
-        this does not apply and nothing was written: the general path then opens the turn."""
-        store = self.rt.store
-        mid = request.assistant_message_id
-        snapshot = await store.sessions.turn_snapshot(claim.session_id, mid)
-        if snapshot is None or _promotes(request, snapshot.pending):
-            return None
-        session = snapshot.session
-        agent, model, provider = await self._open(session, request)
-        baseline, noted = self._reconciled(session)
-        if noted:
-            return None
-        index = await store.open_turn(
-            claim, snapshot, step_attempt=request.attempt, phase=("unknown", mid)
-        )
-        if index is None:
-            return None
-        basis = snapshot.basis
-        return _Begun(session, request.step, index, baseline, agent, model, provider, basis)
 
     async def _open(
         self, session: SessionInfo, request: TurnInput, tx: Tx | None = None

@@ -39,10 +39,10 @@ from sessionflow.errors import (
 from sessionflow.ids import validate_id
 from store.db import Connection, Database, Stamp, Tx, retry_conflicts
 from store.dialect import DRIVER_ERRORS, DialectName, for_update, insert, is_lock_timeout, now_ms
-from store.fence import Fence, fence
 from store.prepared import Prepared
 from store.schema import execution_table, recovery_table, session_table
 from store.tool_runs import ToolAttempt, ToolRuns
+from store.write.fence import Fence, fence
 
 T = TypeVar("T")
 Phase = Literal["ready", "unknown", "continue"]

@@ -7,7 +7,7 @@ serialized (several writers racing on one file starve each other for seconds).
 PostgreSQL: one pool (``Pools``), and a small one of its own for claim renewals, so that a
 renewal never waits behind the checkouts of a worker's other activities; fenced transactions lock
 the claim row. A checkout costs no round trip: a connection the server closed while it sat idle
-is told apart by its socket, as ``store.fast`` does, instead of a pre-ping. A read of one
+is told apart by its socket, as ``store.write.fast`` does, instead of a pre-ping. A read of one
 statement runs without a transaction (no BEGIN, no COMMIT). Every connection is pinned to
 READ COMMITTED and bounded in how long it may wait (``Waits``), whatever the server's defaults.
 
@@ -90,7 +90,8 @@ class Tx:
 
     ``cache`` is the transaction's unit of work: projections keep the rows they read and
     change there (a batch of events touching one message reads and writes it once), and a
-    ``before_commit`` hook writes them back.
+    ``before_commit`` hook writes them back. ``allocated``: per aggregate, the last seq this
+    transaction reserved and how many it reserved in all.
     """
 
     conn: Any  # an AsyncConnection, or an InlineConnection on SQLite (the same awaitable API)
@@ -99,6 +100,7 @@ class Tx:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
     before_commit: list[Callable[[Tx], Awaitable[None]]] = field(default_factory=list)
     cache: dict[str, Any] = field(default_factory=dict)
+    allocated: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     async def prepare_commit(self) -> None:
         """Run the ``before_commit`` hooks (each once, in order, hooks added meanwhile too)."""
@@ -146,7 +148,7 @@ class Pools:
     An activity holds a connection only for one transaction (about a millisecond), never while
     a model streams or a tool runs, so a pool far smaller than ``max_concurrent_activities``
     serves them all: the defaults (10 + 10) serve 1,000 slots, and a worker process opens at
-    most size + overflow + 2 (renewals) + 4 (the hot path, ``store.fast``) + 2 (LISTEN and
+    most size + overflow + 2 (renewals) + 4 (the hot path, ``store.write.fast``) + 2 (LISTEN and
     NOTIFY) = 28 connections, well under PostgreSQL's default 100. A checkout waits at most a
     third of the lease, so a starved write fails (and is retried) before its lease runs out.
     """

@@ -43,6 +43,7 @@ from store.notify import Notifier
 from store.prepared import INTEGRITY_ERRORS, Prepared
 from store.registry import EventRegistry
 from store.schema import event_table, sequence_table
+from store.write.allocation import allocation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -323,6 +324,7 @@ class EventStore:
             n = counts[agg]
             ((seq,),) = await _ALLOCATE.rows(tx.conn, tx.dialect, {"agg": agg, "n": n})
             last[agg] = (int(seq), n)
+            tx.allocated[agg] = (int(seq), tx.allocated.get(agg, (0, 0))[1] + n)
         return last
 
     async def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
@@ -684,27 +686,6 @@ def unique_violation_error(
     # PostgreSQL names the taken key; on the hot path the batch's seqs are assigned in SQL.
     taken = re.search(r"\(aggregate_id, seq\)=\([^,]+, (\d+)\)", text)
     return SequenceConflictError(first["aggregate_id"], int(taken[1]) if taken else first["seq"])
-
-
-def allocation(
-    dialect: DialectName, *, after: str | None = None, agg: str = "agg", n: int | None = None
-) -> Any:
-    """Seq allocation, its one definition: reserve ``n`` seqs of aggregate ``agg`` under its
-    sequence row (created at the first), returning the last one. ``after``: the hot path's
-    form, a row only for each row of that CTE (the fence, or what it guards), so a refused
-    write reserves nothing. ``n`` given: a constant count, else the parameter ``n``."""
-    count: Any = sa.bindparam("n", type_=sa.BigInteger) if n is None else sa.literal_column(str(n))
-    aggregate = sa.bindparam(agg, type_=sequence_table.c.aggregate_id.type)
-    last_before = count - sa.literal_column("1")  # a literal: the hot path embeds this text
-    statement = insert(dialect, sequence_table)
-    if after is None:
-        statement = statement.values(aggregate_id=aggregate, seq=last_before)
-    else:
-        source = sa.select(aggregate, last_before).select_from(sa.table(after))
-        statement = statement.from_select(["aggregate_id", "seq"], source)
-    return statement.on_conflict_do_update(
-        index_elements=[sequence_table.c.aggregate_id], set_={"seq": sequence_table.c.seq + count}
-    ).returning(sequence_table.c.seq)
 
 
 def _allocate_statement(dialect: DialectName) -> Any:

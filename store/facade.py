@@ -4,30 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 
 from sessionflow.errors import StoreUnavailableError
-from sessionflow.ids import new_ids, validate_id
+from sessionflow.ids import new_ids
 from sessionflow.models import events as ev
 from sessionflow.models.events import Event
 from sessionflow.models.messages import AssistantMessage
 from sessionflow.settings import Settings
-from store import codec, projector
-from store.claims import Claim, Claims, Phase, fence_params, run_params
+from store import projector
+from store.claims import Claim, Claims, fence_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
-from store.fast import PostgresWriter, SqliteWriter
-from store.inputs import Inputs, Waiting, waiting
+from store.inputs import Inputs
 from store.notify import Notifier
-from store.projector import apply_tool
-from store.sessions import Sessions, StepBasis, StoredPart, TurnSnapshot
-from store.tool_runs import ToolAttempt, ToolRuns
+from store.sessions import Sessions, StepBasis
+from store.tool_runs import ToolRuns
+from store.write.fast import PostgresWriter, SqliteWriter
+from store.write.writes import Writes, batch_params
 
+R = TypeVar("R")
+B = TypeVar("B")
 _tracer = trace.get_tracer("sessionflow.store")
-# The events that move one tool part along and change nothing else.
-ToolEvent = ev.ToolSucceeded | ev.ToolFailed | ev.ToolProgress
 
 
 @dataclass
@@ -47,18 +47,8 @@ class TurnView:
     basis: StepBasis | None = None
 
 
-@dataclass(frozen=True)
-class StepSnapshot:
-    """A step's assistant message (None when there is none) as read outside any transaction,
-    with the version of its session's claim row then: ``Store.end_step`` writes only if no
-    fenced write came after the read."""
-
-    message: Any
-    version: str
-
-
 @dataclass
-class Store:
+class Store(Writes):
     db: Database
     notifier: Notifier
     events: EventStore
@@ -79,9 +69,10 @@ class Store:
         """Append ``events`` in one fenced transaction under ``claim``.
 
         Batches of one aggregate's projector-free events (token deltas) take the hot path in
-        ``store.fast``, and so, on PostgreSQL with a turn's ``view``, do batches that change only
-        that message's parts; anything else is ``claims.fenced`` + ``events.publish_many``. All
-        refuse with ``ClaimLostError`` (or ``StaleAttemptError``) and write nothing.
+        ``store.write.fast``, and so, on PostgreSQL with a turn's ``view``, do batches that
+        change only that message's parts; anything else is ``claims.fenced`` +
+        ``events.publish_many``. All refuse with ``ClaimLostError`` (or ``StaleAttemptError``)
+        and write nothing.
         """
         if not events:
             return []
@@ -155,7 +146,7 @@ class Store:
     async def _append_hot(
         self, claim: Claim, events: Sequence[Event], ids: list[str], step_attempt: int | None
     ) -> list[StoredEvent]:
-        """Projector-free events of one aggregate (deltas): ``store.fast``'s one transaction."""
+        """Projector-free events of one aggregate (deltas): the hot path's one transaction."""
         rows = self._rows(claim, events, ids)
         fence = {**fence_params(claim), "attempt": -1 if step_attempt is None else step_attempt}
         stored: list[StoredEvent] = []
@@ -231,7 +222,7 @@ class Store:
         ]
         parts = (await projector.project_in_memory(message, placed)).parts
         params = {
-            **_batch_params(claim, rows, parts, step_attempt),
+            **batch_params(claim, rows, parts, step_attempt),
             "expected": basis.seq,
             "mid": message.id,
             "message_seq": message.seq,
@@ -287,252 +278,11 @@ class Store:
 
         return await self.claims.run_fenced(claim, publish, step_attempt=step_attempt)
 
-    async def settle_call(
-        self, claim: Claim, run: ToolAttempt, event: ToolEvent, before: StoredPart
-    ) -> StoredEvent | None:
-        """Append ``event``, which moves the tool part ``before`` along, in one statement on
-        PostgreSQL: the fence (with ``run``'s attempt), the part's new state and the event.
-
-        None when this path does not apply and nothing was written: on SQLite, or when the
-        fence refused it or the part is no longer ``before``. The caller then takes the
-        general path (``claims.fenced`` + ``events.publish``), which says why.
-        """
-        if not isinstance(self.writer, PostgresWriter):
-            return None
-        (row,) = self.events.prepare_rows([event], Stamp(claim.execution_id, claim.epoch))
-        part = before.part.model_copy(deep=True)
-        if not apply_tool(part, event, row["created"]):
-            return None
-        params = {
-            **fence_params(claim),
-            **run_params(run),
-            "position": before.position,
-            "before": before.data,
-            "part": codec.dump_model(part),
-            "id": row["id"],
-            "created": row["created"],
-            "type": row["type"],
-            "data": row["data"],
-        }
-        stored: list[StoredEvent] = []
-
-        def announce() -> None:  # runs with the commit, before a cancellation can cut in
-            stored.extend(self.events.committed([row], [event]))
-
-        if not await self.writer.settle_part(params, row, announce):
-            return None
-        return stored[0]
-
-    async def open_turn(
-        self,
-        claim: Claim,
-        snapshot: TurnSnapshot,
-        *,
-        step_attempt: int,
-        phase: tuple[Phase, str | None],
-    ) -> int | None:
-        """A turn's opening that writes nothing but its fence (with ``step_attempt``, recording
-        ``phase``) and the request's count, in one statement (``_PG_OPEN_TURN``), decided from
-        ``snapshot``: the request's 0-based index. None when nothing was written: the fence
-        refused it, or a fenced write came after the snapshot."""
-        assert isinstance(self.writer, PostgresWriter)
-        params = {
-            **fence_params(claim),
-            "attempt": step_attempt,
-            "phase": phase[0],
-            "mid": phase[1],
-            "version": snapshot.version,
-        }
-        count = await self.writer.open_turn(params)
-        return None if count is None else count - 1
-
-    async def step_snapshot(self, session_id: str, message_id: str) -> StepSnapshot | None:
-        """On PostgreSQL, the step's message read in one statement with its claim row's version
-        (``_PG_STEP_READ``), for ``end_step``. None on SQLite, where the general path runs
-        inline, or when the session has no claim."""
-        if not isinstance(self.writer, PostgresWriter):
-            return None
-        rows = await self.writer.read_step(session_id, message_id)
-        if not rows or rows[0][0] != -2:
-            return None
-        return StepSnapshot(projector.assemble(rows[1:]), str(rows[0][1]))
-
-    async def end_step(
-        self,
-        claim: Claim,
-        snapshot: StepSnapshot,
-        events: Sequence[Event],
-        *,
-        step_attempt: int,
-        phase: Phase,
-    ) -> Waiting | None:
-        """End a step in one statement (``_PG_END_STEP``): ``events`` (``STEP_END_EVENTS`` of
-        the snapshot's message, which they change in memory), projected on the message as the
-        snapshot read it, under the fence with ``step_attempt``, the phase recorded with it.
-        Returns what waits to be promoted (as ``Inputs.waiting``), read in the same statement.
-
-        None when nothing was written: the events are not all the message's step end, the
-        fence refused it, or a fenced write came after the snapshot. The caller then takes the
-        general path, which reads the message again in its transaction and says why.
-        """
-        message = snapshot.message
-        assert isinstance(self.writer, PostgresWriter) and isinstance(message, AssistantMessage)
-        kinds = projector.STEP_END_EVENTS
-        if not all(self.events.projects_only(type(e), kinds) for e in events) or not (
-            events and projector.ends_step_only(message, events)
-        ):
-            return None
-        rows = self.events.prepare_rows(events, Stamp(claim.execution_id, claim.epoch))
-        placed = [  # their projections read no seq: it is allocated by the statement
-            StoredEvent(row["id"], row["aggregate_id"], -1, row["created"], row["type"], event)
-            for row, event in zip(rows, events, strict=True)
-        ]
-        projected = await projector.project_in_memory(message, placed)
-        params = _end_step_params(claim, snapshot, rows, projected, step_attempt, phase)
-
-        def announce() -> None:  # runs with the commit, before a cancellation can cut in
-            self.events.committed(rows, events)
-
-        ended = await self.writer.end_step(params, rows, announce)
-        return None if ended is None else waiting(*ended[1:])
-
-    async def claim_at_once(
-        self,
-        session_id: str,
-        execution_id: str,
-        owner_id: str,
-        started: Sequence[tuple[Event, str]],
-    ) -> Claim | None:
-        """On PostgreSQL, a session's first claim since its last release, with the events it
-        starts (each with its id), in one statement (``_PG_CLAIM``) instead of a transaction of
-        nine. None when nothing was written: on SQLite, or when the session has a claim row (a
-        live claim, an expired one to take over, this execution's own) or the events exist;
-        the caller then takes the general path (``Claims.acquire_with``), which says why."""
-        if not isinstance(self.writer, PostgresWriter):
-            return None
-        validate_id(session_id)
-        validate_id(execution_id, "execution")
-        events = [event for event, _id in started]
-        if not all(self.events.projects_only(type(event), ()) for event in events):
-            return None
-        rows = self._rows_with_ids(started, Stamp(execution_id, 0))  # the epoch: the statement's
-        lease = self.claims.lease_ms
-        params = {
-            "sid": session_id,
-            "eid": execution_id,
-            "owner": owner_id,
-            "lease": lease,
-            **_event_params(session_id, rows),
-        }
-
-        def announce() -> None:  # runs with the commit, before a cancellation can cut in
-            self.events.committed(rows, events)
-
-        granted = await self.writer.claim(params, rows, announce)
-        if granted is None:
-            return None
-        epoch, expires_at = granted
-        return Claim(session_id, execution_id, owner_id, epoch, expires_at, lease)
-
-    async def end_execution(
-        self, claim: Claim, event: Event, terminal_id: str, *, release: bool
-    ) -> bool:
-        """A busy period's terminal ``event`` (stored as ``terminal_id``), its recoveries
-        forgotten and, with ``release``, its claim released: on PostgreSQL, two statements
-        (``_PG_EXECUTION_READ``, then ``_PG_END_EXECUTION`` fenced on the claim row's version
-        as read) instead of a fenced transaction of nine round trips.
-
-        False when nothing was written: on SQLite, when a retry is pending (the terminal's
-        projection ends it), when the terminal is already there, when the fence refused it or
-        a fenced write came after the read. The caller then takes the general path, which
-        reads again in its transaction and says why.
-        """
-        if not isinstance(self.writer, PostgresWriter):
-            return False
-        if not self.events.projects_only(type(event), projector.EXECUTION_END_EVENTS):
-            return False
-        read = await self.writer.read_execution(claim.session_id, terminal_id)
-        if not read:
-            return False
-        version, latest, written = read[0]
-        if written or (latest is not None and projector.retry_pending(latest)):
-            return False
-        rows = self._rows_with_ids([(event, terminal_id)], Stamp(claim.execution_id, claim.epoch))
-        params = {**fence_params(claim), **_event_params(claim.session_id, rows)}
-        params["version"] = version
-
-        def announce() -> None:  # runs with the commit, before a cancellation can cut in
-            self.events.committed(rows, [event])
-
-        return await self.writer.end_execution(params, rows, announce, release=release)
-
-    def _rows_with_ids(
-        self, events: Sequence[tuple[Event, str]], stamp: Stamp
-    ) -> list[dict[str, Any]]:
-        """Rows for ``events`` (``EventStore.prepare_rows``) under the ids they come with."""
-        rows = self.events.prepare_rows([event for event, _id in events], stamp)
-        for row, (_event, id) in zip(rows, events, strict=True):
-            row["id"] = id
-        return rows
-
     async def close(self) -> None:
         await self.notifier.close()
         if self.writer is not None:
             await self.writer.close()
         await self.db.dispose()
-
-
-def _batch_params(
-    claim: Claim,
-    rows: list[dict[str, Any]],
-    parts: list[dict[str, Any]],
-    step_attempt: int | None,
-) -> dict[str, Any]:
-    """A batch's parameters as ``_PG_START`` and ``_PG_END_STEP`` take them: the fence, its
-    events, the parts it changed."""
-    return {
-        **fence_params(claim),
-        "attempt": -1 if step_attempt is None else step_attempt,
-        **_event_params(claim.session_id, rows),
-        "positions": [part["position"] for part in parts],
-        "call_ids": [part["call_id"] for part in parts],
-        "parts": [part["body"] for part in parts],
-    }
-
-
-def _event_params(session_id: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The session's events as the hot path's statements insert them (``_PG_INSERTED``)."""
-    return {
-        "agg": session_id,
-        "n": len(rows),
-        "ids": [row["id"] for row in rows],
-        "createds": [row["created"] for row in rows],
-        "types": [row["type"] for row in rows],
-        "datas": [row["data"] for row in rows],
-    }
-
-
-def _end_step_params(
-    claim: Claim,
-    snapshot: StepSnapshot,
-    rows: list[dict[str, Any]],
-    projected: projector.Projected,
-    step_attempt: int,
-    phase: Phase,
-) -> dict[str, Any]:
-    usage = projected.usage or dict.fromkeys(
-        ("at", "cost", "input", "output", "reasoning", "cache_read", "cache_write")
-    )
-    return {
-        **_batch_params(claim, rows, projected.parts, step_attempt),
-        **usage,
-        "phase": phase,
-        "version": snapshot.version,
-        "mid": snapshot.message.id,
-        "body": projected.row,
-        "updated": projected.updated,
-        "usage": projected.usage is not None,
-    }
 
 
 async def open_store(

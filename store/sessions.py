@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,6 +72,13 @@ class StepBasis:
     exists: bool
     latest: str | None
 
+    def after(self, tx: Tx, session_id: str) -> StepBasis:
+        """This basis once ``tx`` has written: its seq moves past what ``tx`` appended to the
+        session, only if nothing else came between (else it stays, and the step's start, which
+        then finds the log moved, takes the general path)."""
+        last, count = tx.allocated.get(session_id, (self.seq, 0))
+        return replace(self, seq=last) if last - count == self.seq else self
+
 
 @dataclass(frozen=True)
 class TurnSnapshot:
@@ -87,6 +94,16 @@ class TurnSnapshot:
 
 # A read of one statement's rows (``PostgresWriter.fetch_prepared``).
 Fetch = Callable[[Prepared, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+
+
+_COUNT_REQUEST = Prepared(
+    lambda _dialect: (
+        session_table.update()
+        .where(session_table.c.id == sa.bindparam("sid"))
+        .values(request_count=session_table.c.request_count + 1)
+        .returning(session_table.c.request_count)
+    )
+)
 
 
 class Sessions:
@@ -110,6 +127,11 @@ class Sessions:
             return await self.fetch(statement, params)
         async with self.db.read(single=True) as conn:
             return await statement.rows(conn, self.db.dialect, params)
+
+    async def count_request(self, tx: Tx, session_id: str) -> int:
+        """Count one provider request (inside a fenced ``tx``); returns its 0-based index."""
+        ((count,),) = await _COUNT_REQUEST.rows(tx.conn, tx.dialect, {"sid": session_id})
+        return int(count) - 1
 
     async def create(
         self,

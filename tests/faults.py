@@ -7,7 +7,7 @@ statements fail before they run with the given faults; ``strike(marker, [...])``
 write statements on PostgreSQL that carry ``marker`` (in their SQL or their parameters: a stored
 event type, a column being set) fail with the given faults, one each, in order. Every path
 the store writes through is covered: SQLAlchemy connections (all engines, by class-level
-events), and the hot path's own driver connections (``store.fast``: psycopg autocommit
+events), and the hot path's own driver connections (``store.write.fast``: psycopg autocommit
 connections, sqlite3 connections), which are wrapped where that module opens them.
 """
 
@@ -28,7 +28,7 @@ from sqlalchemy import event
 from temporalio import activity
 
 from store import Store
-from store.fast import PostgresWriter
+from store.write.fast import PostgresWriter
 
 Fault = Literal["serialization", "deadlock", "connection", "timeout", "busy", "commit_then_fail"]
 
@@ -297,8 +297,8 @@ def injecting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Injector]:
         OperationalError=sqlite3.OperationalError,
         Connection=sqlite3.Connection,
     )
-    monkeypatch.setattr("store.fast.psycopg", fake_psycopg)
-    monkeypatch.setattr("store.fast.sqlite3", fake_sqlite3)
+    monkeypatch.setattr("store.write.fast.psycopg", fake_psycopg)
+    monkeypatch.setattr("store.write.fast.sqlite3", fake_sqlite3)
     try:
         yield injector
     finally:

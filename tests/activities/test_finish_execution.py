@@ -28,7 +28,7 @@ from sessionflow.models.drain import FinishExecutionInput, Outcome
 from sessionflow.models.messages import AssistantMessage
 from store import Store
 from store.claims import Claim
-from store.fast import PostgresWriter
+from store.write.fast import PostgresWriter
 from tests.conftest import Target
 from tests.faults import answer_lost
 from tests.store.helpers import round_trips, rows

@@ -23,7 +23,7 @@ from sessionflow.models.drain import CallRef, FinishStepInput, FinishStepResult,
 from sessionflow.models.messages import AssistantMessage, ToolPart
 from store import Store
 from store.claims import Claim
-from store.facade import StepSnapshot
+from store.write.writes import StepSnapshot
 from tests.store.helpers import round_trips, rows
 from tests.store.test_projector import new_session
 

@@ -1,4 +1,4 @@
-"""The hot path's writers (``store.fast``) when the database drops, refuses or races them."""
+"""The hot path's writers (``store.write.fast``) when the database drops, refuses or races them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sessionflow.errors import SequenceConflictError, StoreUnavailableError
 from sessionflow.models import events as ev
 from store import Store
 from store.claims import Claim
-from store.fast import PostgresWriter
+from store.write.fast import PostgresWriter
 from tests.conftest import Target
 from tests.store.conftest import libpq, terminate_backends
 from tests.store.helpers import backend_pid, count, rows, until_waiting_for

@@ -280,7 +280,7 @@ async def test_a_turns_view_takes_one_statement_per_parts_only_batch(
     parts it changed (``_PG_PARTS``): only the first, which starts the step, takes the general
     path. On SQLite the view changes nothing (the general path runs inline)."""
     from store.facade import TurnView
-    from store.fast import PostgresWriter
+    from store.write.fast import PostgresWriter
 
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner")

@@ -31,9 +31,10 @@ from sqlalchemy.engine import make_url
 
 from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
 from store.dialect import store_error
-from store.events import allocation, unique_violation_error
-from store.fence import NOW, Fence, fence, fence_ctes
+from store.events import unique_violation_error
 from store.prepared import Prepared, compile_text
+from store.write.allocation import allocation
+from store.write.fence import NOW, Fence, fence, fence_ctes
 
 IDLE = TransactionStatus.IDLE
 Connection = psycopg.AsyncConnection[Any]
