@@ -39,6 +39,9 @@ from activities.sweep import SweepActivities
 from activities.tool_run import ToolActivities
 from activities.tools.base import ToolRegistry
 from activities.tools.builtin import default_registry
+from activities.tools.mcp import McpPool
+from activities.tools.mcp_config import McpConfigError, load_config
+from activities.tools.plugins import PluginError, entry_point_tools, load_entry, register_all
 from activities.tools.process import kill_running, reap_orphans
 from activities.tools.sandbox import describe as describe_sandbox
 from activities.tools.settings import ToolSettings, database_paths, platform_protected
@@ -71,21 +74,46 @@ async def connect_patiently(address: str, namespace: str, *, seconds: float = 12
 
 
 def tools_from_env(settings: Settings | None = None) -> ToolRegistry:
-    """``SESSIONFLOW_TOOLS``: ``builtin`` (default: read, write, edit, list, glob, grep, bash),
-    ``testing`` (echo, sleep, fail, defect), or both, comma-separated."""
-    registry = ToolRegistry()
-    for choice in os.environ.get("SESSIONFLOW_TOOLS", "builtin").split(","):
-        if choice.strip() == "builtin":
-            tools = builtin_tools(settings)
-        elif choice.strip() == "testing":
-            tools = testing_registry().tools()
-        else:
+    """``SESSIONFLOW_TOOLS``: comma-separated, ``builtin`` (the default: read, write, edit,
+    list, glob, grep, bash, question), ``testing`` (echo, sleep, fail, defect) and
+    ``module:attribute`` entries of your own; then every ``sessionflow.tools`` entry point.
+    A bad entry stops the worker with one line naming it."""
+    loaded: list[tuple[str, Any]] = []
+    for choice in (c.strip() for c in os.environ.get("SESSIONFLOW_TOOLS", "builtin").split(",")):
+        if choice == "builtin":
+            loaded += [("built-in", tool) for tool in builtin_tools(settings)]
+        elif choice == "testing":
+            loaded += [("testing", tool) for tool in testing_registry().tools()]
+        elif ":" in choice:
+            loaded += [(f"plugin {choice}", tool) for tool in _plugin(choice)]
+        elif choice:
             raise SystemExit(
-                f"SESSIONFLOW_TOOLS={choice!r}: use builtin, testing, or builtin,testing"
+                f"SESSIONFLOW_TOOLS={choice!r}: use builtin, testing or module:attribute entries"
             )
-        for tool in tools:
-            registry.register(tool)
-    return registry
+    try:
+        return register_all(ToolRegistry(), [*loaded, *entry_point_tools()])
+    except PluginError as error:
+        raise SystemExit(f"SESSIONFLOW_TOOLS: {error}") from None
+
+
+def mcp_from_env(settings: Settings | None = None) -> McpPool | None:
+    """The MCP servers ``SESSIONFLOW_MCP`` configures (a JSON file), or None without it. A
+    configuration that cannot be used stops the worker with one line naming the fault."""
+    path = os.environ.get("SESSIONFLOW_MCP")
+    if not path:
+        return None
+    try:
+        config = load_config(path)
+    except McpConfigError as error:
+        raise SystemExit(str(error)) from None
+    return McpPool(config, tool_settings(settings or Settings.from_env()))
+
+
+def _plugin(entry: str) -> list[Any]:
+    try:
+        return list(load_entry(entry))
+    except PluginError as error:
+        raise SystemExit(f"SESSIONFLOW_TOOLS: {error}") from None
 
 
 def builtin_tools(settings: Settings | None = None) -> list[Any]:
@@ -156,6 +184,7 @@ def build_worker(
     retry_backoff_ms: int = 2000,
     batch_ms: int = 30,
     agents: Agents | None = None,
+    mcp: McpPool | None = None,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -181,6 +210,7 @@ def build_worker(
         retry_backoff_ms=retry_backoff_ms,
         batch_ms=batch_ms,
         agents=agents or Agents(),
+        mcp=mcp,
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
@@ -265,6 +295,8 @@ async def main() -> None:
     task_queue = os.environ.get("SESSIONFLOW_TASK_QUEUE", TASK_QUEUE)
     namespace = os.environ.get("SESSIONFLOW_NAMESPACE", "default")
     quiet_expected_failures()
+    # Tools first: a bad entry or MCP configuration stops the worker before it connects.
+    tools, mcp = tools_from_env(settings), mcp_from_env(settings)
     # The store the CLI finds from here too (the nearest .sessionflow/ upward), by absolute path.
     database_url = locate.database_url(
         os.environ.get("SESSIONFLOW_DATABASE_URL"), address=address, task_queue=task_queue
@@ -276,13 +308,14 @@ async def main() -> None:
         client,
         store,
         task_queue=task_queue,
-        tools=tools_from_env(settings),
+        tools=tools,
         sandboxed=settings.workflow_sandbox,
         max_concurrent_activities=settings.max_concurrent_activities,
         turn_timeout_s=settings.turn_timeout_s,
         retry_backoff_ms=settings.retry_backoff_ms,
         batch_ms=settings.batch_ms,
         agents=load_agents(settings.agents_file),
+        mcp=mcp,
     )
     await ensure_sweep_schedule(client, store=store, task_queue=task_queue)
     stop = asyncio.Event()
@@ -296,6 +329,8 @@ async def main() -> None:
         async with serving(worker):
             await stop.wait()
             log.info("shutting down")
+    if mcp is not None:
+        await mcp.close()
     await store.close()
 
 

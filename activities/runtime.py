@@ -17,7 +17,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
-from activities.tools.base import ToolRegistry
+from activities.tools.base import ToolFailure, ToolRegistry
+from activities.tools.mcp import McpPool
 from sessionflow.agents import Agents
 from sessionflow.errors import (
     ClaimHeldError,
@@ -29,6 +30,7 @@ from sessionflow.models.common import ModelRef
 from sessionflow.models.drain import ClaimRef
 from store import Store
 from store.claims import Claim
+from store.sessions import SessionInfo
 
 log = logging.getLogger(__name__)
 ProviderFactory = Callable[[ModelRef], Provider]
@@ -68,6 +70,40 @@ class Runtime:
     retry_backoff_ms: int = 2000  # Settings.retry_backoff_ms
     batch_ms: int = 30  # Settings.batch_ms
     agents: Agents = field(default_factory=Agents)
+    mcp: McpPool | None = None  # the worker's MCP servers (``SESSIONFLOW_MCP``)
+
+    async def tools_for(self, session: SessionInfo) -> ToolRegistry:
+        """What ``session`` may call: the worker's tools, then the tools of the MCP servers
+        the session uses. A server that cannot start now offers nothing this time (logged);
+        a call of one of its tools says why (``tool_for``)."""
+        if self.mcp is None:
+            return self.tools
+        found: list[tuple[str, Any]] = []
+        for name in self.mcp.enabled(session.settings.get("mcp")):
+            try:
+                tools = await self.mcp.tools(name, session.directory)
+            except ToolFailure as error:
+                log.warning("session %s: %s", session.id, error)
+                continue
+            for tool in tools:
+                if self.tools.get(tool.name) is not None:
+                    log.warning("MCP tool %s is hidden by the tool of that name", tool.name)
+                    continue
+                found.append((f"MCP server {name}", tool))
+        return self.tools.merged(found)
+
+    async def tool_for(self, session: SessionInfo, name: str) -> Any | None:
+        """The tool ``name`` for ``session``; None when nobody offers it. An MCP server that
+        cannot start raises ``ToolFailure`` naming it, for the call to read."""
+        tool = self.tools.get(name)
+        if tool is not None or self.mcp is None:
+            return tool
+        for server in self.mcp.enabled(session.settings.get("mcp")):
+            if name.startswith(f"{server}_"):
+                for candidate in await self.mcp.tools(server, session.directory):
+                    if candidate.name == name:
+                        return candidate
+        return None
 
 
 def to_claim(ref: ClaimRef) -> Claim:

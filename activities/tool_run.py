@@ -66,7 +66,11 @@ class ToolActivities:
             part = stored.part
             if isinstance(part.state, ToolCompleted | ToolError):
                 return _outcome(part)
-            tool = self.rt.tools.get(request.name)
+            try:
+                tool = await self.rt.tool_for(session, request.name)
+            except ToolFailure as unavailable:  # an MCP server that cannot start
+                error = SessionError(type="tool.execution", message=str(unavailable))
+                return await self._settle(claim, run, error=error, before=stored)
             if tool is None:
                 error = SessionError(type="tool.unknown", message=f"Unknown tool: {request.name}")
                 return await self._settle(claim, run, error=error, before=stored)

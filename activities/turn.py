@@ -41,6 +41,7 @@ from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from activities.session import SessionActivities
+from activities.tools.base import ToolRegistry
 from sessionflow import telemetry
 from sessionflow.agents import Agent
 from sessionflow.errors import ContextUnavailableError
@@ -111,9 +112,10 @@ class TurnActivities:
             session, step, index, baseline = begun.session, begun.step, begun.index, begun.baseline
             agent, model = begun.agent, begun.model
             last_step = request.max_steps is not None and step >= request.max_steps
-            hidden = self._hidden(session, agent)
+            tools = await self.rt.tools_for(session)
+            hidden = self._hidden(session, agent, tools)
             provider_request = await self._request(
-                claim, session, model, index, last_step, baseline, agent, hidden
+                claim, session, model, index, last_step, baseline, agent, tools, hidden
             )
             publisher = TurnPublisher(
                 session_id=claim.session_id,
@@ -275,12 +277,12 @@ class TurnActivities:
             raise ContextUnavailableError(session.id, session.directory, why) from None
         return baseline, events
 
-    def _hidden(self, session: SessionInfo, agent: Agent) -> frozenset[str]:
+    def _hidden(self, session: SessionInfo, agent: Agent, tools: ToolRegistry) -> frozenset[str]:
         """Tools the agent does not offer, or whose every call its rules deny."""
         rules = session_rules(session, agent.permissions)
         return frozenset(
             name
-            for name in self.rt.tools.names()
+            for name in tools.names()
             if not agent.offers(name) or denies_everything(rules, name)
         )
 
@@ -293,6 +295,7 @@ class TurnActivities:
         last_step: bool,
         baseline: str,
         agent: Agent,
+        tools: ToolRegistry,
         hidden: frozenset[str],
     ) -> p.ProviderRequest:
         messages = to_request_messages(
@@ -304,7 +307,7 @@ class TurnActivities:
             )
         # Built here, not from history: it needs the same care with lone surrogates.
         system = sendable(session.settings.get("system") or agent.system or DEFAULT_SYSTEM)
-        specs = tuple(spec for spec in self.rt.tools.specs() if spec.name not in hidden)
+        specs = tuple(spec for spec in tools.specs() if spec.name not in hidden)
         return p.ProviderRequest(
             session_id=claim.session_id,
             request_index=index,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,8 @@ class Agent(Model):
     permissions: tuple[Rule, ...] = ()
 
     def offers(self, tool: str) -> bool:
-        return self.tools is None or tool in self.tools
+        """Whether the agent offers ``tool``: its ``tools`` are names or wildcards (``git_*``)."""
+        return self.tools is None or any(fnmatchcase(tool, entry) for entry in self.tools)
 
 
 BUILD = Agent(

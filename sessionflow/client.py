@@ -8,9 +8,10 @@ from the store, never from Temporal.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -230,10 +231,14 @@ class SessionClient:
         permissions: Sequence[Rule | dict[str, Any]] = (),
         network: bool = False,
         approval_timeout: float | None = None,
+        mcp: Mapping[str, bool] | None = None,
     ) -> str:
         """Create a session; its workspace and model are checked and made absolute first (a
         relative path is the caller's, not the worker's): a missing or non-directory workspace,
-        an unknown provider or a script that does not load is an ``InvalidInputError``."""
+        an unknown provider or a script that does not load is an ``InvalidInputError``.
+
+        ``mcp`` turns the workers' configured MCP servers (``SESSIONFLOW_MCP``) on or off for
+        this session by name; a server it does not name keeps its configured ``enabled``."""
         if session_id is not None:
             validate_id(session_id)  # the cheapest check first: before any file is read
         if not 1 <= max_active_tools <= MAX_ACTIVE_TOOLS:
@@ -255,7 +260,12 @@ class SessionClient:
         if agent is not None:
             self.agents.get(agent)  # an unknown name is an error here, at the edge
         rules = [Rule.model_validate(r).model_dump(mode="json") for r in permissions]
-        optional = {"permissions": rules, "network": network, "approval_timeout": approval_timeout}
+        optional = {
+            "permissions": rules,
+            "network": network,
+            "approval_timeout": approval_timeout,
+            "mcp": _mcp_choices(mcp),
+        }
         settings.update({key: value for key, value in optional.items() if value})
         directory, ref = validate.workspace(workspace), validate.model(model)
         await self._require_same_store()
@@ -722,3 +732,13 @@ def _summary(info: SessionInfo) -> str:
 
 def _attributes(session_id: str) -> TypedSearchAttributes:
     return TypedSearchAttributes([SearchAttributePair(SESSION_ID_ATTRIBUTE, session_id)])
+
+
+def _mcp_choices(choices: Mapping[str, bool] | None) -> dict[str, bool]:
+    """``create_session``'s ``mcp``, checked: server names to booleans."""
+    for name, on in (choices or {}).items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name):
+            raise ValueError(f"mcp: {name!r} is not an MCP server name")
+        if not isinstance(on, bool):
+            raise ValueError(f"mcp: {name!r} must be true or false, got {on!r}")
+    return dict(choices or {})

@@ -353,7 +353,14 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     from sessionflow.models.drain import TASK_QUEUE
     from sessionflow.settings import Settings
     from store import open_store
-    from worker import build_worker, ensure_sweep_schedule, published, serving, tools_from_env
+    from worker import (
+        build_worker,
+        ensure_sweep_schedule,
+        mcp_from_env,
+        published,
+        serving,
+        tools_from_env,
+    )
 
     quiet_expected_failures()
     task_queue = options.task_queue or TASK_QUEUE
@@ -370,6 +377,7 @@ async def run_dev(console: Console, options: StackOptions) -> None:
                         task_queue=task_queue,
                         tools=tools_from_env(settings),
                         sandboxed=settings.workflow_sandbox,
+                        mcp=mcp_from_env(settings),
                     )
                 ),
                 dev_api(

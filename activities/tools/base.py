@@ -89,13 +89,29 @@ class Tool(Generic[InputT]):
 
 
 class ToolRegistry:
-    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
-        self._tools: dict[str, Tool[Any]] = {}
-        for tool in tools:
-            self.register(tool)
+    """Tools by name, each with where it came from (``built-in``, a plugin entry, an MCP
+    server), as ``sessionflow tools`` shows it."""
 
-    def register(self, tool: Tool[Any]) -> None:
+    def __init__(self, tools: Iterable[Tool[Any]] = (), *, origin: str = "built-in") -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        self._origins: dict[str, str] = {}
+        for tool in tools:
+            self.register(tool, origin=origin)
+
+    def register(self, tool: Tool[Any], *, origin: str = "built-in") -> None:
         self._tools[tool.name] = tool
+        self._origins[tool.name] = origin
+
+    def origin(self, name: str) -> str | None:
+        return self._origins.get(name)
+
+    def merged(self, tools: Iterable[tuple[str, Tool[Any]]]) -> ToolRegistry:
+        """A registry of these tools and ``tools`` (origin, tool) after them."""
+        merged = ToolRegistry()
+        merged._tools, merged._origins = dict(self._tools), dict(self._origins)
+        for origin, tool in tools:
+            merged.register(tool, origin=origin)
+        return merged
 
     def get(self, name: str) -> Tool[Any] | None:
         return self._tools.get(name)

@@ -38,13 +38,10 @@ class Harness:
 
     def worker(self) -> Worker:
         """An in-process worker on this harness's task queue (an async context manager)."""
+        # The suite keeps workflow code honest in the sandbox (see build_worker).
+        options = {"tools": registry(self.gate), "sandboxed": True, **self.worker_options}
         return build_worker(
-            self.client.temporal,
-            self.store,
-            task_queue=self.client.task_queue,
-            tools=registry(self.gate),
-            # The suite keeps workflow code honest in the sandbox (see build_worker).
-            **{"sandboxed": True, **self.worker_options},
+            self.client.temporal, self.store, task_queue=self.client.task_queue, **options
         )
 
     def gate_file(self, name: str) -> str:

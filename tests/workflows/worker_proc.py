@@ -18,7 +18,7 @@ from sessionflow.cli import leave
 from sessionflow.settings import Settings
 from store import open_store
 from tests.workflows.tools import Gate, registry
-from worker import build_worker, connect, serving
+from worker import build_worker, connect, mcp_from_env, serving
 
 
 async def main(address: str, task_queue: str, url: str, schema: str | None) -> None:
@@ -34,6 +34,7 @@ async def main(address: str, task_queue: str, url: str, schema: str | None) -> N
         sandboxed=True,
         graceful_shutdown=grace,
         turn_timeout_s=settings.turn_timeout_s,
+        mcp=mcp_from_env(settings),
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -1,0 +1,347 @@
+"""MCP servers' tools as sessionflow tools, through the official ``mcp`` SDK's client.
+
+Each configured server's tools appear to the model as ``<server>_<tool>``, with the server's
+description and JSON schema, and pass the path every tool passes: the policy, the eager start
+under the cap, one activity per attempt, the fenced settlement. The protocol's own hints say
+what a retry may do: a tool annotated ``readOnlyHint`` or ``idempotentHint`` is retry-safe; any
+other is not, so a retried attempt that may already have reached the server settles as
+outcome-unknown instead of calling it twice. A call no rule matches is allowed for a read-only
+tool and asked for any other.
+
+Connections live in a per-worker pool keyed by server and, for a server whose command names
+``{workspace}``, by workspace. A connection runs in a task of its own (the SDK's streams belong
+to the task that opened them); calls from activities reach it through the client. A server that
+dies, hangs past its ``timeout`` or cannot start fails the call it was in with an error naming
+the server and what happened (its exit, its last stderr lines); the pool drops it and the next
+call starts it again, never the call it died in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp import types as mcp_types
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from pydantic import BaseModel, ConfigDict
+
+from activities.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
+from activities.tools.mcp_config import WORKSPACE, LocalServer, McpConfig, RemoteServer
+from activities.tools.output import clip, normalize
+from activities.tools.settings import ToolSettings
+from sessionflow.models.common import ContentPart, FileContent, TextContent
+
+log = logging.getLogger("sessionflow.mcp")
+_STDERR_LINES = 10
+_MAX_EVENT_BYTES = 64 * 1024 * 1024  # a streamable HTTP event; tool output is capped after
+
+
+class McpArguments(BaseModel):
+    """Whatever the model passed: the server validates its own arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class McpServerError(ToolFailure):
+    """A server that could not start, died, or did not answer in time."""
+
+
+@dataclass
+class _Connection:
+    """One running server and the task that holds its client open."""
+
+    name: str
+    config: LocalServer | RemoteServer
+    workspace: str | None
+    client: Client | None = None
+    tools: list[mcp_types.Tool] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _close: asyncio.Event = field(default_factory=asyncio.Event)
+    _failure: BaseException | None = None
+    _status: Path | None = None
+    _stderr: Any = None
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.timeout / 1000
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done() and self._failure is None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._serve(), name=f"mcp {self.name}")
+        try:
+            await asyncio.wait_for(self._ready.wait(), self.timeout_s)
+        except TimeoutError:
+            await self.close()
+            raise McpServerError(
+                f"MCP server {self.name} did not start within {self.timeout_s:g} s "
+                f"({self._describe()}){self._stderr_tail()}"
+            ) from None
+        if self._failure is not None:
+            raise McpServerError(self._failed("could not start", self._failure)) from None
+
+    async def _serve(self) -> None:
+        try:
+            async with self._client() as client:
+                listed = await client.list_tools()
+                self.client, self.tools = client, list(listed.tools)
+                self._ready.set()
+                await self._close.wait()
+        except BaseException as error:  # a cancellation included: the caller is told
+            self._failure = error
+            if not isinstance(error, asyncio.CancelledError):
+                log.warning("%s", self._failed("stopped", error))
+        finally:
+            self.client = None
+            self._ready.set()
+
+    def _client(self) -> Client:
+        timeout = self.timeout_s
+        if isinstance(self.config, RemoteServer):
+            http = httpx2.AsyncClient(headers=self.config.headers, timeout=timeout)
+            transport = streamable_http_client(
+                self.config.url, http_client=http, max_sse_event_size=_MAX_EVENT_BYTES
+            )
+            return Client(transport, read_timeout_seconds=timeout, cache=None)
+        workspace = self.workspace or "."
+        fd, status = tempfile.mkstemp(prefix=f"mcp-{self.name}-", suffix=".status")
+        os.close(fd)
+        Path(status).unlink()  # the launcher writes it when the server ends
+        self._status = Path(status)
+        # Kept past this call, for the error of a call the server dies in; dropped with it.
+        self._stderr = tempfile.TemporaryFile("w+", prefix=f"mcp-{self.name}-")  # noqa: SIM115
+        command = [part.replace(WORKSPACE, workspace) for part in self.config.command]
+        environment = {
+            k: v.replace(WORKSPACE, workspace) for k, v in self.config.environment.items()
+        }
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "activities.tools.mcp_launch", status, *command],
+            env=environment,
+            cwd=self.workspace,
+        )
+        transport = stdio_client(params, errlog=self._stderr)
+        return Client(transport, read_timeout_seconds=timeout, cache=None)
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
+        client = self.client
+        if client is None or not self.alive:
+            raise McpServerError(self._failed("is not running", self._failure))
+        try:
+            return await asyncio.wait_for(client.call_tool(tool, arguments), self.timeout_s)
+        except TimeoutError:
+            self.stop()
+            raise McpServerError(
+                f"MCP server {self.name} did not answer {tool} within {self.timeout_s:g} s; "
+                f"it was stopped and starts again for the next call"
+            ) from None
+        except MCPError as error:
+            if error.code != CONNECTION_CLOSED and self.alive:
+                raise ToolFailure(f"MCP server {self.name}: {error.message}") from None
+            await self._settle_death(error)
+            raise McpServerError(self._failed("failed during the call", self._failure)) from None
+        except Exception as error:
+            await self._settle_death(error)
+            raise McpServerError(self._failed("failed during the call", self._failure)) from None
+
+    async def _settle_death(self, error: BaseException) -> None:
+        """Mark the connection dead, giving the launcher the moment it needs to say how the
+        server ended (its status file)."""
+        self._failure = self._failure or error
+        for _ in range(20):
+            if self._exit() or isinstance(self.config, RemoteServer):
+                break
+            await asyncio.sleep(0.05)
+        self.stop()
+
+    def stop(self) -> None:
+        """Close in the background: the call that found the server hung or dead is answered
+        now, not after the server's shutdown."""
+        self._failure = self._failure or ConnectionError("stopped")
+        self._close.set()
+        if self._task is not None and not self._task.done():
+            self._task.get_loop().call_later(self.timeout_s, self._task.cancel)
+
+    async def close(self) -> None:
+        self._close.set()
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), self.timeout_s)
+            except BaseException:
+                self._task.cancel()
+        self._failure = self._failure or ConnectionError("closed")
+
+    def _describe(self) -> str:
+        if isinstance(self.config, RemoteServer):
+            return self.config.url
+        return "command " + " ".join(self.config.command)
+
+    def _failed(self, what: str, error: BaseException | None) -> str:
+        ended = self._exit()
+        reason = f": {_reason(error)}" if error is not None and not ended else ""
+        ended = f"; {ended}" if ended else ""
+        return f"MCP server {self.name} {what} ({self._describe()}){ended}{reason}" + (
+            self._stderr_tail()
+        )
+
+    def _exit(self) -> str:
+        if self._status is None or not self._status.exists():
+            return ""
+        return self._status.read_text().strip()
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        with contextlib.suppress(ValueError, OSError):
+            self._stderr.seek(0)
+            lines = [line.rstrip() for line in self._stderr.read().splitlines() if line.strip()]
+            if lines:
+                return "; stderr: " + " | ".join(lines[-_STDERR_LINES:])
+        return ""
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_reason(inner) for inner in error.exceptions)
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+class McpPool:
+    """The worker's MCP connections, by (server, workspace or None)."""
+
+    def __init__(self, config: McpConfig, settings: ToolSettings) -> None:
+        self.config, self.settings = config, settings
+        self._connections: dict[tuple[str, str | None], _Connection] = {}
+        self._starting: dict[tuple[str, str | None], asyncio.Lock] = {}
+
+    def enabled(self, choices: Mapping[str, bool] | None) -> list[str]:
+        """The servers a session uses: each server's ``enabled``, unless the session says."""
+        choices = choices or {}
+        return [
+            name for name, server in self.config.mcp.items() if choices.get(name, server.enabled)
+        ]
+
+    async def connection(self, name: str, workspace: str) -> _Connection:
+        server = self.config.mcp[name]
+        key = (name, workspace if server.per_workspace else None)
+        lock = self._starting.setdefault(key, asyncio.Lock())
+        async with lock:
+            current = self._connections.get(key)
+            if current is not None and current.alive:
+                return current
+            fresh = _Connection(name, server, key[1] or workspace)
+            await fresh.start()
+            self._connections[key] = fresh
+            return fresh
+
+    async def tools(self, name: str, workspace: str) -> list[McpTool]:
+        connection = await self.connection(name, workspace)
+        return [McpTool(self, name, tool, self.settings) for tool in connection.tools]
+
+    async def close(self) -> None:
+        for connection in list(self._connections.values()):
+            await connection.close()
+        self._connections.clear()
+
+
+class McpTool(Tool[McpArguments]):
+    """One tool of one MCP server."""
+
+    input_model: ClassVar[type[BaseModel]] = McpArguments
+
+    def __init__(
+        self, pool: McpPool, server: str, tool: mcp_types.Tool, settings: ToolSettings
+    ) -> None:
+        self.pool, self.server, self.tool, self.settings = pool, server, tool, settings
+        self.name = tool_name(server, tool.name)  # type: ignore[misc]
+        self.description = tool.description or f"{tool.name} (MCP server {server})"  # type: ignore[misc]
+        hints = tool.annotations
+        read_only = bool(hints and hints.read_only_hint)
+        self.retry_safe = read_only or bool(hints and hints.idempotent_hint)  # type: ignore[misc]
+        self.permission = "allow" if read_only else "ask"  # type: ignore[misc]
+
+    def input_schema(self) -> dict[str, Any]:
+        schema = dict(self.tool.input_schema or {})
+        schema.setdefault("type", "object")
+        return schema
+
+    async def execute(self, input: McpArguments, context: ToolContext) -> ToolOutput:
+        connection = await self.pool.connection(self.server, str(context.workspace))
+        result = await connection.call(self.tool.name, dict(input.model_extra or {}))
+        output = to_output(result, self.settings)
+        if result.is_error:
+            text = " ".join(p.text for p in output.content if isinstance(p, TextContent))
+            raise ToolFailure(text or f"{self.name} failed")
+        return output
+
+
+def tool_name(server: str, tool: str) -> str:
+    """``<server>_<tool>`` as providers accept tool names."""
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in f"{server}_{tool}")
+    return name[:64]
+
+
+def to_output(result: mcp_types.CallToolResult, settings: ToolSettings) -> ToolOutput:
+    """MCP content as the tool's output: text capped as the built-ins' is, images and binary
+    resources as attachments (a data URI, up to the store's cap), ``structuredContent`` kept
+    structured when it fits the store."""
+    texts: list[str] = []
+    files: list[ContentPart] = []
+    for item in result.content:
+        if isinstance(item, mcp_types.TextContent):
+            texts.append(item.text)
+        elif isinstance(item, mcp_types.ImageContent | mcp_types.AudioContent):
+            _attach(files, texts, item.data, item.mime_type, None, settings)
+        elif isinstance(item, mcp_types.EmbeddedResource):
+            resource = item.resource
+            if isinstance(resource, mcp_types.TextResourceContents):
+                texts.append(f"[{resource.uri}]\n{resource.text}")
+            else:
+                mime = resource.mime_type or "application/octet-stream"
+                _attach(files, texts, resource.blob, mime, str(resource.uri), settings)
+        elif isinstance(item, mcp_types.ResourceLink):
+            texts.append(f"[resource: {item.uri}]")
+    body = "\n".join(texts)
+    text, cut = clip(body, settings.output_cap)
+    full_text = clip(body, settings.store_cap)[0] if cut else None
+    structured: dict[str, Any] = {}
+    if result.structured_content is not None:
+        size = len(normalize(repr(result.structured_content)))
+        if size <= settings.store_cap:
+            structured["structured_content"] = result.structured_content
+        else:
+            structured["structured_content_omitted_bytes"] = size
+    if cut:
+        structured["truncated_bytes"] = cut
+    content = (TextContent(text=text), *files) if text or not files else tuple(files)
+    return ToolOutput(structured=structured, content=content, full_text=full_text)
+
+
+def _attach(
+    files: list[ContentPart],
+    texts: list[str],
+    data: str,
+    mime: str,
+    name: str | None,
+    settings: ToolSettings,
+) -> None:
+    if len(data) > settings.store_cap:
+        texts.append(f"[{mime} attachment of {len(data)} base64 bytes omitted: over the cap]")
+        return
+    files.append(FileContent(uri=f"data:{mime};base64,{data}", mime=mime, name=name))
