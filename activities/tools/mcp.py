@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from sessionflow.models.common import ContentPart, FileContent, TextContent
 
 log = logging.getLogger("sessionflow.mcp")
 _STDERR_LINES = 10
+START_RETRY_S = 10.0  # how long a failed start answers for the server before it is tried again
 _MAX_EVENT_BYTES = 64 * 1024 * 1024  # a streamable HTTP event; tool output is capped after
 
 
@@ -190,7 +192,8 @@ class _Connection:
     def _describe(self) -> str:
         if isinstance(self.config, RemoteServer):
             return self.config.url
-        return "command " + " ".join(self.config.command)
+        workspace = self.workspace or "."
+        return "command " + " ".join(p.replace(WORKSPACE, workspace) for p in self.config.command)
 
     def _failed(self, what: str, error: BaseException | None) -> str:
         ended = self._exit()
@@ -229,6 +232,9 @@ class McpPool:
         self.config, self.settings = config, settings
         self._connections: dict[tuple[str, str | None], _Connection] = {}
         self._starting: dict[tuple[str, str | None], asyncio.Lock] = {}
+        # A start that failed, remembered for a while: every turn of every session would
+        # otherwise wait for the same failing start again.
+        self._failed: dict[tuple[str, str | None], tuple[float, McpServerError]] = {}
 
     def enabled(self, choices: Mapping[str, bool] | None) -> list[str]:
         """The servers a session uses: each server's ``enabled``, unless the session says."""
@@ -245,8 +251,16 @@ class McpPool:
             current = self._connections.get(key)
             if current is not None and current.alive:
                 return current
+            failed = self._failed.get(key)
+            if failed is not None and time.monotonic() < failed[0]:
+                raise failed[1]
             fresh = _Connection(name, server, key[1] or workspace)
-            await fresh.start()
+            try:
+                await fresh.start()
+            except McpServerError as error:
+                self._failed[key] = (time.monotonic() + START_RETRY_S, error)
+                raise
+            self._failed.pop(key, None)
             self._connections[key] = fresh
             return fresh
 
