@@ -491,6 +491,43 @@ def status(session: str = typer.Argument(..., help="Session id"), as_json: bool 
 
 
 @app.command()
+def tools(
+    session: str = typer.Argument(None, help="Session id: what its agent can call"),
+    as_json: bool = JSON,
+) -> None:
+    """The tools a worker configured like this shell offers (SESSIONFLOW_TOOLS, entry points,
+    SESSIONFLOW_MCP): name, origin, retry-safe, default permission; for a session, what its
+    agent can call."""
+    from sessionflow.agents import load_agents
+    from sessionflow.catalogue import session_tools
+    from sessionflow.settings import Settings
+
+    async def work() -> Any:
+        if session is None:  # the configuration alone: no store needed
+            return await session_tools(None, load_agents(Settings.from_env().agents_file))
+        async with session_client() as client:
+            return await session_tools(await client.session(session), client.agents)
+
+    found, unavailable = run(work)
+    if as_json:
+        value = {
+            "tools": [t.model_dump() for t in found],
+            "unavailable": [u.model_dump() for u in unavailable],
+        }
+        print(json.dumps(value, ensure_ascii=False), flush=True)
+        return
+    out = console()
+    for tool in found:
+        safe = "retry-safe" if tool.retry_safe else "not retry-safe"
+        out.print(
+            f"{tool.name}  [dim]{tool.origin} · {safe} · {tool.permission}[/]  {tool.description}",
+            highlight=False,
+        )
+    for server in unavailable:
+        out.print(f"MCP server {server.server} unavailable: {server.error}", style="yellow")
+
+
+@app.command()
 def sessions(
     directory: Path = typer.Option(None, "--directory", help="Only sessions in this workspace"),
     search: str = typer.Option(None, "--search", help="Only titles containing this text"),

@@ -40,6 +40,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from sessionflow import locate, telemetry, validate
 from sessionflow.agents import Agents, load_agents
+from sessionflow.catalogue import ToolInfo
 from sessionflow.errors import (
     NoWorkerError,
     RequestNotWaitingError,
@@ -281,6 +282,15 @@ class SessionClient:
 
     async def session(self, session_id: str) -> SessionInfo:
         return await self.store.sessions.get(session_id)
+
+    async def tools(self, session_id: str | None = None) -> list[ToolInfo]:
+        """What ``session_id``'s agent can call (every configured tool without one), as a
+        worker configured like this process offers it (``sessionflow.catalogue``)."""
+        from sessionflow.catalogue import session_tools
+
+        session = await self.store.sessions.get(session_id) if session_id else None
+        tools, _unavailable = await session_tools(session, self.agents)
+        return tools
 
     async def list_sessions(self, **filters: Any) -> list[SessionInfo]:
         return await self.store.sessions.list(**filters)

@@ -196,12 +196,16 @@ class _Connection:
         return "command " + " ".join(p.replace(WORKSPACE, workspace) for p in self.config.command)
 
     def _failed(self, what: str, error: BaseException | None) -> str:
+        """``MCP server NAME WHAT (command ...)``, then how it ended (its exit, or why the
+        command could not run), else the client's error, then its last stderr lines."""
         ended = self._exit()
-        reason = f": {_reason(error)}" if error is not None and not ended else ""
-        ended = f"; {ended}" if ended else ""
-        return f"MCP server {self.name} {what} ({self._describe()}){ended}{reason}" + (
-            self._stderr_tail()
-        )
+        if ended.startswith("could not start: "):
+            detail = ": " + ended.removeprefix("could not start: ")
+        elif ended:
+            detail = f"; {ended}"
+        else:
+            detail = f": {_reason(error)}" if error is not None else ""
+        return f"MCP server {self.name} {what} ({self._describe()}){detail}{self._stderr_tail()}"
 
     def _exit(self) -> str:
         if self._status is None or not self._status.exists():

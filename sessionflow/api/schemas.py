@@ -30,6 +30,9 @@ class SessionSettings(Body):
     compaction: CompactionSettings | None = None
     permissions: list[Rule] = Field(default=[], description="rules; the last match wins")
     network: bool = Field(default=False, description="let bash reach the network")
+    mcp: dict[str, bool] | None = Field(
+        default=None, description="turn the workers' configured MCP servers on or off by name"
+    )
     approval_timeout: float | None = Field(
         default=None, gt=0, description="seconds an unanswered permission ask waits, then fails"
     )

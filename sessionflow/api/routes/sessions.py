@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response
 
 from sessionflow.api.deps import Client, SessionId
 from sessionflow.api.schemas import CreateSession
+from sessionflow.catalogue import ToolInfo
 from sessionflow.models.messages import Message
 from store.sessions import SessionInfo
 
@@ -29,6 +30,7 @@ async def create_session(body: CreateSession, client: Client, response: Response
         permissions=body.settings.permissions,
         network=body.settings.network,
         approval_timeout=body.settings.approval_timeout,
+        mcp=body.settings.mcp,
     )
     response.headers["Location"] = f"/sessions/{created}"
     return await client.session(created)
@@ -56,6 +58,13 @@ async def list_sessions(
 @router.get("/{session_id}", response_model=SessionInfo)
 async def get_session(session_id: SessionId, client: Client) -> SessionInfo:
     return await client.session(session_id)
+
+
+@router.get("/{session_id}/tools", response_model=list[ToolInfo])
+async def tools(session_id: SessionId, client: Client) -> list[ToolInfo]:
+    """What the session's agent can call, as a worker configured like this server offers it:
+    name, origin (built-in, plugin, MCP server), retry-safe, default permission."""
+    return await client.tools(session_id)
 
 
 @router.get("/{session_id}/messages", response_model=list[Message])

@@ -140,8 +140,10 @@ async def test_a_server_that_cannot_start_says_which_command_and_why(tmp_path: P
     with pytest.raises(McpServerError) as failed:
         await pool.tools("gone", str(tmp_path))
     message = str(failed.value)
-    assert message.startswith(f"MCP server gone could not start (command {missing})")
-    assert "could not start: [Errno 2] No such file or directory" in message
+    assert message == (
+        f"MCP server gone could not start (command {missing}): "
+        f"[Errno 2] No such file or directory: '{missing}'"
+    )
     await pool.close()
 
 
