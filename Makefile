@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(if $(BENCH_POSTGRES_URL),SESSIONFLOW_BENCH_POSTGRES_URL=$(BENCH_POSTGRES_URL)) $(PY) bench/api.py
 	$(PY) bench/writes.py $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/long_session.py
+	$(PY) bench/mcp.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow
