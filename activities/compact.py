@@ -18,6 +18,7 @@ from activities.history import current_history
 from activities.providers import base as p
 from activities.providers.limits import model_limits
 from activities.runtime import Runtime, heartbeating, to_claim, translated
+from activities.tools.todo import render as render_todos
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Limits, ModelRef, SessionError
 from sessionflow.models.drain import CompactInput, CompactResult
@@ -80,12 +81,20 @@ class CompactionActivities:
             input_id=request.compaction_id if request.manual else None,
             compaction_id=request.compaction_id,
             reason="manual" if request.manual else "auto",
-            summary=summary.strip(),
+            summary=await self._with_todos(claim.session_id, summary.strip()),
             recent=c.render(tail, model),
             through_seq=max(m.seq for m in head + tail),
         )
         await self._publish(claim, request, ended, "ended")
         return CompactResult(outcome="compacted")
+
+    async def _with_todos(self, session_id: str, summary: str) -> str:
+        """The summary, then the session's todo list verbatim: the model's plan and its progress
+        must not depend on what the summarizer chose to keep."""
+        latest = await self.rt.store.events.latest_of(session_id, ev.TodoUpdated)
+        if latest is None or not isinstance(latest.data, ev.TodoUpdated) or not latest.data.todos:
+            return summary
+        return f"{summary}\n\n{render_todos(latest.data.todos)}"
 
     def _event(self, request: CompactInput, kind: type[ev.CompactionStarted]) -> ev.Event:
         return kind(

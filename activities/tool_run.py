@@ -140,6 +140,7 @@ class ToolActivities:
             progress=progress,
             network=bool(session.settings.get("network", False)),
             answer=answer,
+            todos=lambda: self._todos(claim.session_id),
         )
         try:
             tool_input = tool.input_model.model_validate(getattr(part.state, "input", {}))
@@ -178,10 +179,12 @@ class ToolActivities:
         event = _settlement(run, error, output)
         outcome = _settled_outcome(run, error)
 
+        written = [event, *(output.events if output is not None else ())]
+
         def decide(part: ToolPart | None) -> Decision[ToolOutcome]:
             if part is not None and part.settled:
                 return Decision(_outcome(part))
-            return Decision(outcome, [event])
+            return Decision(outcome, written)
 
         async def settle() -> ToolOutcome:
             return await self.rt.store.settle_with(claim, run, before, decide)
@@ -190,6 +193,12 @@ class ToolActivities:
         # waited out (within the lease) rather than failing the call. Each try is safe to
         # repeat: a settlement that committed is found settled by the next one.
         return await through_outages(settle, within_ms=claim.lease_ms)
+
+    async def _todos(self, session_id: str) -> tuple[ev.Todo, ...]:
+        latest = await self.rt.store.events.latest_of(session_id, ev.TodoUpdated)
+        if latest is None or not isinstance(latest.data, ev.TodoUpdated):
+            return ()
+        return latest.data.todos
 
     async def _publish(self, claim: Claim, run: ToolAttempt, event: ev.Event) -> None:
         store = self.rt.store

@@ -267,6 +267,20 @@ class Renderer:
             f"[yellow]retrying[/] attempt {data['attempt']}: {escape(data['error']['message'])}"
         )
 
+    def _todo_updated(self, data: dict[str, Any]) -> None:
+        """The session's todo list, whole, as a ``todowrite`` left it."""
+        todos = data.get("todos") or []
+        done = sum(todo.get("status") == "completed" for todo in todos)
+        self._line(f"[cyan]☰ todo[/] {done}/{len(todos)} completed")
+        marks = {
+            "completed": "[green]✓[/]",
+            "in_progress": "[yellow]▸[/]",
+            "cancelled": "[dim]✗[/]",
+        }
+        for todo in todos:
+            mark = marks.get(str(todo.get("status")), "[dim]○[/]")
+            self._line(f"  {mark} {escape(str(todo.get('content', '')))}")
+
     def _synthetic(self, data: dict[str, Any]) -> None:
         """What the session told the model itself: after a lost turn, that it continues."""
         what = data.get("description") or "note to the model"
@@ -280,6 +294,9 @@ class Renderer:
 
     def _execution_interrupted(self, data: dict[str, Any]) -> None:
         self._line(f"[yellow]● interrupted[/] ({escape(data.get('reason') or 'user')})")
+
+
+_TODO_MARKS = {"completed": "[green]✓[/]", "in_progress": "[yellow]▸[/]", "cancelled": "[dim]✗[/]"}
 
 
 def _duration(ms: float) -> str:

@@ -573,6 +573,21 @@ class EventStore:
         events = [self._decode(row) for row in rows if self.registry.knows(row.type)]
         return Page(events, int(rows[-1].seq) if rows else after)
 
+    async def latest_of(
+        self, aggregate_id: str, cls: type[Event], *, tx: Tx | None = None
+    ) -> StoredEvent | None:
+        """The aggregate's latest event of type ``cls`` (None without one)."""
+        query = (
+            sa.select(event_table)
+            .where(event_table.c.aggregate_id == aggregate_id)
+            .where(event_table.c.type == cls.stored_type())
+            .order_by(event_table.c.seq.desc())
+            .limit(1)
+        )
+        async with self.db.reading(tx) as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else self._decode(row)
+
     def _decode(self, row: Any) -> StoredEvent:
         return StoredEvent(
             id=row.id,

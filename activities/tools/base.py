@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from activities.providers.base import ToolSpec
 from sessionflow.models.common import ContentPart, TextContent
+from sessionflow.models.events import Event, Todo
 from sessionflow.models.permissions import Action
 
 InputT = TypeVar("InputT", bound=BaseModel)
@@ -41,6 +42,8 @@ class ToolContext:
     network: bool = False
     # The user's answer, for a tool that asks one (``Tool.asks_user``).
     answer: str | None = None
+    # The session's todo list as the store holds it (``todoread``).
+    todos: Callable[[], Awaitable[tuple[Todo, ...]]] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -54,6 +57,8 @@ class ToolOutput:
     output_paths: tuple[str, ...] = ()
     # The whole normalized text when ``content`` had to be cut for the model (store only).
     full_text: str | None = None
+    # Events of the session written with the call's result, in its settlement's transaction.
+    events: tuple[Event, ...] = ()
 
     @classmethod
     def text(cls, body: str, **structured: Any) -> ToolOutput:

@@ -1,8 +1,8 @@
 """The built-in coding tools as registries.
 
 ``builtin_registry`` (also ``default_registry``, what a production worker runs) holds read,
-write, edit, list, glob, grep, bash and question; the test tools (echo, sleep, fail, defect) stay in
-``testing.testing_registry``.
+write, edit, list, glob, grep, bash, question, todowrite and todoread; the test tools (echo,
+sleep, fail, defect) stay in ``testing.testing_registry``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from activities.tools.files import Edit, Read, Write
 from activities.tools.question import Question
 from activities.tools.search import GlobTool, Grep, ListTool
 from activities.tools.settings import ToolSettings
+from activities.tools.todo import TodoRead, TodoWrite
 
 
 def builtin_tools(settings: ToolSettings | None = None) -> list[Tool[Any]]:
@@ -28,6 +29,8 @@ def builtin_tools(settings: ToolSettings | None = None) -> list[Tool[Any]]:
         Grep(settings),
         Bash(settings),
         Question(),
+        TodoWrite(),
+        TodoRead(),
     ]
 
 

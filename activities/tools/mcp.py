@@ -88,7 +88,8 @@ class _Connection:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._serve(), name=f"mcp {self.name}")
         try:
-            await asyncio.wait_for(self._ready.wait(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self._ready.wait()
         except TimeoutError:
             await self.close()
             raise McpServerError(
@@ -146,7 +147,8 @@ class _Connection:
         if client is None or not self.alive:
             raise McpServerError(self._failed("is not running", self._failure))
         try:
-            return await asyncio.wait_for(client.call_tool(tool, arguments), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await client.call_tool(tool, arguments)
         except TimeoutError:
             self.stop()
             raise McpServerError(
@@ -184,8 +186,9 @@ class _Connection:
         self._close.set()
         if self._task is not None and not self._task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), self.timeout_s)
-            except BaseException:
+                async with asyncio.timeout(self.timeout_s):
+                    await asyncio.shield(self._task)
+            except Exception:  # not closed in time: stopped the hard way
                 self._task.cancel()
         self._failure = self._failure or ConnectionError("closed")
 

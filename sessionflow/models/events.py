@@ -177,6 +177,24 @@ class InstructionsUpdated(SessionEventBase):
     text: str
 
 
+class Todo(Model):
+    """One item of a session's todo list (``todowrite``)."""
+
+    content: str = Field(min_length=1, max_length=2000)
+    status: Literal["pending", "in_progress", "completed", "cancelled"] = "pending"
+    priority: Literal["high", "medium", "low"] = "medium"
+    id: str = Field(default="", max_length=128)
+
+
+class TodoUpdated(SessionEventBase):
+    """The session's whole todo list, as a ``todowrite`` call replaced it."""
+
+    type: Literal["session.todo.updated"] = "session.todo.updated"
+    todos: tuple[Todo, ...]
+    assistant_message_id: str | None = None
+    call_id: str | None = None
+
+
 # --- executions (busy periods) ------------------------------------------------------------------
 
 
@@ -389,6 +407,7 @@ SessionEvent = Annotated[
     | ContextBaselined
     | Synthetic
     | InstructionsUpdated
+    | TodoUpdated
     | ExecutionStarted
     | ExecutionSucceeded
     | ExecutionFailed
