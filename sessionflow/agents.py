@@ -93,10 +93,11 @@ BUILD = Agent(
 )
 PLAN = Agent(
     name="plan",
-    description="Read-only: write and edit are denied, bash asks.",
+    description="Read-only: write, edit and apply_patch are denied, bash asks.",
     permissions=(
         Rule(tool="write", action="deny"),
         Rule(tool="edit", action="deny"),
+        Rule(tool="apply_patch", action="deny"),
         Rule(tool="bash", action="ask"),
     ),
 )

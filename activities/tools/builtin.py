@@ -1,14 +1,15 @@
 """The built-in coding tools as registries.
 
 ``builtin_registry`` (also ``default_registry``, what a production worker runs) holds read,
-write, edit, list, glob, grep, bash, question, todowrite and todoread; the test tools (echo,
-sleep, fail, defect) stay in ``testing.testing_registry``.
+write, edit, apply_patch, list, glob, grep, bash, question, todowrite and todoread; the test
+tools (echo, sleep, fail, defect) stay in ``testing.testing_registry``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from activities.tools.apply_patch import ApplyPatch
 from activities.tools.base import Tool, ToolRegistry
 from activities.tools.bash import Bash
 from activities.tools.files import Edit, Read, Write
@@ -24,6 +25,7 @@ def builtin_tools(settings: ToolSettings | None = None) -> list[Tool[Any]]:
         Read(settings),
         Write(settings),
         Edit(settings),
+        ApplyPatch(settings),
         ListTool(settings),
         GlobTool(settings),
         Grep(settings),

@@ -47,14 +47,14 @@ def _line_text(raw: bytes, cut: bool, chars: int) -> str:
     return text
 
 
-def _encode(text: str, what: str) -> bytes:
+def encode_text(text: str, what: str) -> bytes:
     try:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError as error:
         raise ToolFailure(f"{what} is not valid Unicode at index {error.start}") from None
 
 
-def _rewrite(fd: int, data: bytes) -> None:
+def rewrite(fd: int, data: bytes) -> None:
     """Replace a file's contents in place: never empty in between, same inode, same links."""
     view = memoryview(data)
     offset = 0
@@ -150,11 +150,11 @@ class Write(Tool[WriteInput]):
         return await asyncio.to_thread(self._write, input, str(context.workspace))
 
     def _write(self, input: WriteInput, root: str) -> ToolOutput:
-        data = _encode(input.content, "content")
+        data = encode_text(input.content, "content")
         with Workspace(root, self.settings) as workspace:
             opened = workspace.open_file(input.path, write=True, create=True, create_dirs=True)
             try:
-                _rewrite(opened.fd, data)
+                rewrite(opened.fd, data)
             finally:
                 os.close(opened.fd)
         message = f"Wrote {len(data)} bytes to {opened.rel}"
@@ -224,7 +224,7 @@ class Edit(Tool[EditInput]):
                 f"to make it unique, or set replace_all to true"
             )
         updated = text.replace(old, new) if input.replace_all else text.replace(old, new, 1)
-        _rewrite(fd, _encode(updated, "new_string"))
+        rewrite(fd, encode_text(updated, "new_string"))
         return count
 
 

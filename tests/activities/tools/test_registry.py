@@ -8,14 +8,26 @@ from activities.tools.changes import changed, step_files
 from sessionflow.models.common import SessionError
 from sessionflow.models.messages import ToolCompleted, ToolError, ToolPart, ToolTimes
 
-BUILTINS = ["read", "write", "edit", "list", "glob", "grep", "bash", "question"]
+BUILTINS = [
+    "read",
+    "write",
+    "edit",
+    "apply_patch",
+    "list",
+    "glob",
+    "grep",
+    "bash",
+    "question",
+    "todowrite",
+    "todoread",
+]
 
 
 def test_builtins_and_their_retry_safety() -> None:
     registry = builtin_registry()
     assert registry.names() == BUILTINS
     safe = {name for name in BUILTINS if registry.get(name).retry_safe}  # type: ignore[union-attr]
-    assert safe == {"read", "list", "glob", "grep", "question"}
+    assert safe == {"read", "list", "glob", "grep", "question", "todowrite", "todoread"}
     assert default_registry().names() == BUILTINS
     assert "echo" not in default_registry().names() and "echo" in testing.testing_registry().names()
 

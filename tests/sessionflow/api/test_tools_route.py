@@ -65,7 +65,7 @@ async def test_a_sessions_tools_with_their_origins(
     # Turned off for a session, and what the plan agent's rules deny outright, are not listed.
     narrowed = await listed(api, {"mcp": {"t": False}}, agent="plan")
     assert not any(name.startswith("t_") for name in narrowed)
-    assert "read" in narrowed and "write" not in narrowed
+    assert "read" in narrowed and "write" not in narrowed and "apply_patch" not in narrowed
 
 
 def test_the_cli_lists_the_configuration_without_a_store(tmp_path: Path) -> None:
