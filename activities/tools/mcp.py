@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ from sessionflow.models.common import ContentPart, FileContent, TextContent
 
 log = logging.getLogger("sessionflow.mcp")
 _STDERR_LINES = 10
+_SHUTDOWN_S = 10.0  # the SDK's own shutdown of a stdio server takes at most about 6.5 s
 START_RETRY_S = 10.0  # how long a failed start answers for the server before it is tried again
 _MAX_EVENT_BYTES = 64 * 1024 * 1024  # a streamable HTTP event; tool output is capped after
 
@@ -67,7 +69,7 @@ class _Connection:
 
     name: str
     config: LocalServer | RemoteServer
-    workspace: str | None
+    workspace: str | None  # the server's working directory (None: the worker's)
     client: Client | None = None
     tools: list[mcp_types.Tool] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
@@ -76,6 +78,10 @@ class _Connection:
     _failure: BaseException | None = None
     _status: Path | None = None
     _stderr: Any = None
+    _ended: str = ""  # how the server ended, once known (its status file, read and removed)
+    _stderr_lines: str = ""  # its last stderr lines, kept once the file is closed
+    _reaper: asyncio.Task[None] | None = None  # waits for a stopped server to be gone
+    _pid_pair: tuple[int, int] | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -83,7 +89,24 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        return self._task is not None and not self._task.done() and self._failure is None
+        running = self._task is not None and not self._task.done()
+        return running and self._failure is None and not self._exit() and self._processes_up()
+
+    def _processes_up(self) -> bool:
+        """Whether the launcher and the server still run (a server can die between calls,
+        before the client notices): a call then starts it again instead of failing as if it
+        had died during the call."""
+        pids = self._pids()
+        if pids is None:
+            return True  # a remote server, or not started yet
+        try:
+            os.kill(pids[0], 0)
+            os.killpg(pids[1], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._serve(), name=f"mcp {self.name}")
@@ -91,56 +114,65 @@ class _Connection:
             async with asyncio.timeout(self.timeout_s):
                 await self._ready.wait()
         except TimeoutError:
-            await self.close()
+            self.stop()
             raise McpServerError(
                 f"MCP server {self.name} did not start within {self.timeout_s:g} s "
                 f"({self._describe()}){self._stderr_tail()}"
             ) from None
+        except BaseException:  # the caller cancelled: the server must not live on
+            self.stop()
+            raise
         if self._failure is not None:
             raise McpServerError(self._failed("could not start", self._failure)) from None
 
     async def _serve(self) -> None:
         try:
-            async with self._client() as client:
-                listed = await client.list_tools()
-                self.client, self.tools = client, list(listed.tools)
+            async with contextlib.AsyncExitStack() as stack:
+                client = await stack.enter_async_context(self._client(stack))
+                tools = await _all_tools(client)
+                self.client, self.tools = client, tools
                 self._ready.set()
                 await self._close.wait()
         except BaseException as error:  # a cancellation included: the caller is told
             self._failure = error
-            if not isinstance(error, asyncio.CancelledError):
+            if not isinstance(error, asyncio.CancelledError) and self._ready.is_set():
                 log.warning("%s", self._failed("stopped", error))
         finally:
             self.client = None
             self._ready.set()
+            self._keep_last_words()
 
-    def _client(self) -> Client:
+    def _client(self, stack: contextlib.AsyncExitStack) -> Client:
         timeout = self.timeout_s
         if isinstance(self.config, RemoteServer):
             http = httpx2.AsyncClient(headers=self.config.headers, timeout=timeout)
+            stack.push_async_callback(http.aclose)  # the SDK leaves a given client open
             transport = streamable_http_client(
                 self.config.url, http_client=http, max_sse_event_size=_MAX_EVENT_BYTES
             )
             return Client(transport, read_timeout_seconds=timeout, cache=None)
-        workspace = self.workspace or "."
         fd, status = tempfile.mkstemp(prefix=f"mcp-{self.name}-", suffix=".status")
         os.close(fd)
         Path(status).unlink()  # the launcher writes it when the server ends
         self._status = Path(status)
-        # Kept past this call, for the error of a call the server dies in; dropped with it.
+        # Kept past this call, for the error of a call the server dies in; closed with it.
         self._stderr = tempfile.TemporaryFile("w+", prefix=f"mcp-{self.name}-")  # noqa: SIM115
-        command = [part.replace(WORKSPACE, workspace) for part in self.config.command]
-        environment = {
-            k: v.replace(WORKSPACE, workspace) for k, v in self.config.environment.items()
-        }
         params = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "activities.tools.mcp_launch", status, *command],
-            env=environment,
+            args=["-m", "activities.tools.mcp_launch", status, *self._command()],
+            env={key: self._resolved(value) for key, value in self.config.environment.items()},
             cwd=self.workspace,
         )
-        transport = stdio_client(params, errlog=self._stderr)
-        return Client(transport, read_timeout_seconds=timeout, cache=None)
+        return Client(
+            stdio_client(params, errlog=self._stderr), read_timeout_seconds=timeout, cache=None
+        )
+
+    def _command(self) -> list[str]:
+        assert isinstance(self.config, LocalServer)
+        return [self._resolved(part) for part in self.config.command]
+
+    def _resolved(self, value: str) -> str:
+        return value.replace(WORKSPACE, self.workspace or ".")
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
         client = self.client
@@ -168,35 +200,56 @@ class _Connection:
         """Mark the connection dead, giving the launcher the moment it needs to say how the
         server ended (its status file)."""
         self._failure = self._failure or error
-        for _ in range(20):
-            if self._exit() or isinstance(self.config, RemoteServer):
-                break
-            await asyncio.sleep(0.05)
-        self.stop()
+        try:
+            for _ in range(20):
+                if self._exit() or self._close.is_set() or isinstance(self.config, RemoteServer):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         """Close in the background: the call that found the server hung or dead is answered
-        now, not after the server's shutdown."""
+        now, not after the server's shutdown. The SDK's own shutdown (stdin closed, then
+        SIGTERM, then SIGKILL) is left to finish: cancelling it midway leaves the server
+        running. Should it not finish in time, the server's process group is killed."""
         self._failure = self._failure or ConnectionError("stopped")
         self._close.set()
-        if self._task is not None and not self._task.done():
-            self._task.get_loop().call_later(self.timeout_s, self._task.cancel)
+        task = self._task
+        if task is not None and not task.done() and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap(task))
+
+    async def _reap(self, task: asyncio.Task[None]) -> None:
+        """Wait for the SDK's shutdown, then kill whatever of the server is left: a server
+        that ignores its closed stdin and SIGTERM (a tool stuck in a thread) must not outlive
+        its connection."""
+        pids = self._pids()
+        with contextlib.suppress(TimeoutError, Exception):
+            async with asyncio.timeout(max(self.timeout_s, _SHUTDOWN_S)):
+                await asyncio.shield(task)
+        _kill(pids)
+        if not task.done():
+            with contextlib.suppress(TimeoutError, Exception):
+                async with asyncio.timeout(_SHUTDOWN_S):
+                    await asyncio.shield(task)
+
+    def _pids(self) -> tuple[int, int] | None:
+        """(launcher pid, server group) from the launcher's pid file, read once."""
+        if self._pid_pair is None and self._status is not None:
+            with contextlib.suppress(OSError, ValueError):
+                launcher, group = Path(f"{self._status}.pid").read_text().split()
+                self._pid_pair = int(launcher), int(group)
+        return self._pid_pair
 
     async def close(self) -> None:
-        self._close.set()
-        if self._task is not None and not self._task.done():
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    await asyncio.shield(self._task)
-            except Exception:  # not closed in time: stopped the hard way
-                self._task.cancel()
-        self._failure = self._failure or ConnectionError("closed")
+        self.stop()
+        if self._reaper is not None:
+            await asyncio.shield(self._reaper)
 
     def _describe(self) -> str:
         if isinstance(self.config, RemoteServer):
             return self.config.url
-        workspace = self.workspace or "."
-        return "command " + " ".join(p.replace(WORKSPACE, workspace) for p in self.config.command)
+        return "command " + " ".join(self._command())
 
     def _failed(self, what: str, error: BaseException | None) -> str:
         """``MCP server NAME WHAT (command ...)``, then how it ended (its exit, or why the
@@ -211,19 +264,53 @@ class _Connection:
         return f"MCP server {self.name} {what} ({self._describe()}){detail}{self._stderr_tail()}"
 
     def _exit(self) -> str:
-        if self._status is None or not self._status.exists():
-            return ""
-        return self._status.read_text().strip()
+        if self._ended or self._status is None:
+            return self._ended
+        with contextlib.suppress(OSError):
+            return self._status.read_text().strip()
+        return ""
 
     def _stderr_tail(self) -> str:
         if self._stderr is None:
-            return ""
+            return self._stderr_lines
         with contextlib.suppress(ValueError, OSError):
             self._stderr.seek(0)
             lines = [line.rstrip() for line in self._stderr.read().splitlines() if line.strip()]
             if lines:
                 return "; stderr: " + " | ".join(lines[-_STDERR_LINES:])
         return ""
+
+    def _keep_last_words(self) -> None:
+        """Once the server is gone: keep its exit and stderr tail, drop its files."""
+        self._ended = self._exit()
+        self._stderr_lines = self._stderr_tail()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if self._status is not None:
+            for path in (self._status, Path(f"{self._status}.pid")):
+                path.unlink(missing_ok=True)
+
+
+def _kill(pids: tuple[int, int] | None) -> None:
+    """SIGKILL a launcher and its server's process group, whatever of them is left."""
+    if pids is None:
+        return
+    launcher, group = pids
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(launcher, signal.SIGKILL)
+
+
+async def _all_tools(client: Client) -> list[mcp_types.Tool]:
+    """Every page of the server's tool list."""
+    listed = await client.list_tools()
+    tools = list(listed.tools)
+    while listed.next_cursor:
+        listed = await client.list_tools(cursor=listed.next_cursor)
+        tools += listed.tools
+    return tools
 
 
 def _reason(error: BaseException) -> str:
@@ -242,6 +329,7 @@ class McpPool:
         # A start that failed, remembered for a while: every turn of every session would
         # otherwise wait for the same failing start again.
         self._failed: dict[tuple[str, str | None], tuple[float, McpServerError]] = {}
+        self._stopped: list[_Connection] = []  # replaced, maybe still shutting down
 
     def enabled(self, choices: Mapping[str, bool] | None) -> list[str]:
         """The servers a session uses: each server's ``enabled``, unless the session says."""
@@ -260,12 +348,16 @@ class McpPool:
                 return current
             failed = self._failed.get(key)
             if failed is not None and time.monotonic() < failed[0]:
-                raise failed[1]
-            fresh = _Connection(name, server, key[1] or workspace)
+                raise McpServerError(str(failed[1]))
+            if current is not None:
+                current.stop()
+                self._stopped.append(current)
+            fresh = _Connection(name, server, key[1])
             try:
                 await fresh.start()
             except McpServerError as error:
                 self._failed[key] = (time.monotonic() + START_RETRY_S, error)
+                self._stopped.append(fresh)
                 raise
             self._failed.pop(key, None)
             self._connections[key] = fresh
@@ -276,9 +368,11 @@ class McpPool:
         return [McpTool(self, name, tool, self.settings) for tool in connection.tools]
 
     async def close(self) -> None:
-        for connection in list(self._connections.values()):
-            await connection.close()
+        """Stop every server and wait until each is gone."""
+        connections = [*self._connections.values(), *self._stopped]
         self._connections.clear()
+        self._stopped.clear()
+        await asyncio.gather(*(connection.close() for connection in connections))
 
 
 class McpTool(Tool[McpArguments]):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -261,3 +263,83 @@ def test_a_missing_configuration_file_says_so(tmp_path: Path) -> None:
         load_config(tmp_path / "absent.json")
     (tmp_path / "ok.json").write_text(json.dumps({"mcp": {"t": local(tmp_path / "c")}}))
     assert load_config(tmp_path / "ok.json").mcp["t"].per_workspace is False
+
+
+def _servers_of(root: Path) -> list[int]:
+    """Pids of processes whose command line names ``root`` (the servers of a test)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(root).encode() in cmdline and b"mcp_server.py" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+async def _until_gone(root: Path) -> None:
+    for _ in range(600):
+        if not _servers_of(root):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"MCP server processes left: {_servers_of(root)}")
+
+
+async def test_a_hung_server_does_not_outlive_its_pool(tmp_path: Path) -> None:
+    config = McpConfig.model_validate({"mcp": {"t": local(tmp_path / "calls.txt", timeout=1000)}})
+    pool = McpPool(config, ToolSettings())
+    tools = await tools_of(pool, tmp_path)
+    with pytest.raises(McpServerError):
+        await call(tools, "t_wait", tmp_path, seconds=600)  # ignores its closed stdin
+    await pool.close()
+    assert _servers_of(tmp_path) == []
+
+
+async def test_a_server_that_died_while_idle_is_restarted_before_the_call(
+    pool: McpPool, tmp_path: Path
+) -> None:
+    tools = await tools_of(pool, tmp_path)
+    await call(tools, "t_read_note", tmp_path, topic="a")
+    for pid in _servers_of(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    await _until_gone(tmp_path)
+    # Not "failed during the call": nothing reached the dead server, so nothing is uncertain.
+    assert text(await call(tools, "t_bump", tmp_path)) == '{\n  "bumped": 1\n}'
+    assert calls(tmp_path / "calls.txt") == ["read_note", "bump"]
+
+
+async def test_the_server_dies_with_its_worker_even_mid_call(tmp_path: Path) -> None:
+    holder = tmp_path / "holder.py"
+    holder.write_text(
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from activities.tools.mcp import McpPool\n"
+        "from activities.tools.mcp_config import McpConfig\n"
+        "from activities.tools.settings import ToolSettings\n"
+        f"CONFIG = {json.dumps({'mcp': {'t': local(tmp_path / 'calls.txt')}})!r}\n"
+        "async def main():\n"
+        "    pool = McpPool(McpConfig.model_validate_json(CONFIG), ToolSettings())\n"
+        "    (tool,) = [t for t in await pool.tools('t', '.') if t.name == 't_wait']\n"
+        "    print('ready', flush=True)\n"
+        "    await pool.connection('t', '.')\n"
+        "    connection = await pool.connection('t', '.')\n"
+        "    await connection.call('wait', {'seconds': 600})\n"
+        "asyncio.run(main())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    worker = subprocess.Popen([sys.executable, str(holder)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == b"ready"
+        for _ in range(600):  # the call reached the server
+            if calls(tmp_path / "calls.txt") == ["wait"]:
+                break
+            await asyncio.sleep(0.05)
+        worker.kill()
+        worker.wait(10)
+        await _until_gone(tmp_path)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
