@@ -32,6 +32,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from activities.children import ChildActivities
 from activities.compact import CompactionActivities
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
@@ -45,6 +46,7 @@ from activities.tools.plugins import PluginError, entry_point_tools, load_entry,
 from activities.tools.process import kill_running, reap_orphans
 from activities.tools.sandbox import describe as describe_sandbox
 from activities.tools.settings import ToolSettings, database_paths, platform_protected
+from activities.tools.task import DEFAULT_MAX_DEPTH
 from activities.tools.testing import testing_registry
 from activities.turn import TurnActivities
 from sessionflow import locate, telemetry
@@ -167,6 +169,7 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         turn.stream_turn,
         CompactionActivities(runtime).compact,
         tools.run_tool,
+        ChildActivities(runtime, task_queue=task_queue).report_to_parent,
     ]
 
 
@@ -185,6 +188,7 @@ def build_worker(
     batch_ms: int = 30,
     agents: Agents | None = None,
     mcp: McpPool | None = None,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> Worker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -211,6 +215,7 @@ def build_worker(
         batch_ms=batch_ms,
         agents=agents or Agents(),
         mcp=mcp,
+        max_depth=max_depth,
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     return Worker(
@@ -316,6 +321,7 @@ async def main() -> None:
         batch_ms=settings.batch_ms,
         agents=load_agents(settings.agents_file),
         mcp=mcp,
+        max_depth=settings.max_depth,
     )
     await ensure_sweep_schedule(client, store=store, task_queue=task_queue)
     stop = asyncio.Event()

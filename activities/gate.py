@@ -151,11 +151,13 @@ class Gate:
 
 
 async def still_waiting(tx: Any, session_id: str, assistant_message_id: str) -> bool:
-    """Whether another call of the step still waits for an answer."""
+    """Whether a call of the step still waits: for an answer, or for its child session."""
     message = await load_message(tx, session_id, assistant_message_id)
     if not isinstance(message, AssistantMessage):
         return False
     return any(
-        isinstance(p, ToolPart) and isinstance(p.state, ToolRunning) and p.state.asked
+        isinstance(p, ToolPart)
+        and isinstance(p.state, ToolRunning)
+        and (p.state.asked is not None or "child" in p.state.structured)
         for p in message.content
     )

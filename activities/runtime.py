@@ -19,6 +19,7 @@ from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
 from activities.tools.base import ToolFailure, ToolRegistry
 from activities.tools.mcp import McpPool
+from activities.tools.task import DEFAULT_MAX_DEPTH, Task
 from sessionflow.agents import Agents
 from sessionflow.errors import (
     ClaimHeldError,
@@ -71,6 +72,13 @@ class Runtime:
     batch_ms: int = 30  # Settings.batch_ms
     agents: Agents = field(default_factory=Agents)
     mcp: McpPool | None = None  # the worker's MCP servers (``SESSIONFLOW_MCP``)
+    max_depth: int = DEFAULT_MAX_DEPTH  # Settings.max_depth: how deep a session tree grows
+
+    def __post_init__(self) -> None:
+        # Every worker offers ``task`` when its agents include a subagent.
+        if self.tools.get(Task.name) is None and self.agents.subagents():
+            task = Task(self.agents, max_depth=self.max_depth)
+            self.tools = self.tools.merged([("built-in", task)])
 
     async def tools_for(self, session: SessionInfo) -> ToolRegistry:
         """What ``session`` may call: the worker's tools, then the tools of the MCP servers

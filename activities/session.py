@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 from temporalio import activity
 
+from activities.children import parent_call
 from activities.restart import (
     BUDGET_MESSAGE,
     LOST_STEP,
@@ -147,6 +148,7 @@ class SessionActivities:
             limits = {
                 "max_steps": session.settings.get("max_steps") or agent.max_steps,
                 "max_active_tools": session.settings.get("max_active_tools", 8),
+                "parent": parent_call(session),
                 **self._worker_limits(),
             }
             force = request.force

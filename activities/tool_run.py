@@ -18,14 +18,16 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio import activity
 
+from activities.children import ChildCalls
 from activities.gate import Gate
 from activities.runtime import Runtime, heartbeating, through_outages, to_claim, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
+from activities.tools.task import Task
 from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, TextContent
-from sessionflow.models.drain import ToolInput, ToolOutcome
+from sessionflow.models.drain import ChildWait, ToolInput, ToolOutcome
 from sessionflow.models.messages import ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.sessions import SessionInfo, StoredPart
@@ -65,7 +67,7 @@ class ToolActivities:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
             part = stored.part
             if isinstance(part.state, ToolCompleted | ToolError):
-                return _outcome(part)
+                return _started_in_background(part, claim.session_id) or _outcome(part)
             try:
                 tool = await self.rt.tool_for(session, request.name)
             except ToolFailure as unavailable:  # an MCP server that cannot start
@@ -74,10 +76,18 @@ class ToolActivities:
             if tool is None:
                 error = SessionError(type="tool.unknown", message=f"Unknown tool: {request.name}")
                 return await self._settle(claim, run, error=error, before=stored)
+            if isinstance(tool, Task) and (request.child is not None or request.refused):
+                children = ChildCalls(self, session, claim, run)
+                if request.child is not None:
+                    return await children.collect(part, request.child)
+                return await children.start(tool, part, request.refused)
             gate = self.gate(session, claim, run, tool, part)
             stopped = await (gate.check() if request.reply is None else gate.replied(request.reply))
             if stopped is not None:
                 return stopped
+            if isinstance(tool, Task):
+                await self._take_call(claim, run, tool)
+                return await ChildCalls(self, session, claim, run).start(tool, part, None)
             if await self._take_call(claim, run, tool):
                 return await self._settle(claim, run, error=_outcome_unknown(request.name))
             answer = request.reply.answer if request.reply is not None else None
@@ -247,3 +257,18 @@ def _outcome(part: ToolPart) -> ToolOutcome:
     if isinstance(part.state, ToolError):
         return ToolOutcome(call_id=part.call_id, status="error", error=part.state.error)
     return ToolOutcome(call_id=part.call_id, status="completed")
+
+
+def _started_in_background(part: ToolPart, session_id: str) -> ToolOutcome | None:
+    """A background ``task`` call settled at its start: its child still needs its workflow
+    started (the attempt that settled it lost its answer)."""
+    structured = part.state.structured if isinstance(part.state, ToolCompleted) else {}
+    if part.name != "task" or not structured.get("background"):
+        return None
+    child = ChildWait(
+        session_id=structured["task_id"],
+        agent=structured.get("agent", ""),
+        background=True,
+        parent_id=session_id,
+    )
+    return ToolOutcome(call_id=part.call_id, status="child", child=child)

@@ -6,6 +6,12 @@ Built in:
   workspace); ``bash`` asks, except for the read-only commands of ``READ_ONLY_COMMANDS``.
 - ``plan``: read-only. ``write`` and ``edit`` are denied (and not offered to the model); ``bash``
   asks for everything.
+- ``general`` (a subagent): every tool, for the ``task`` tool to delegate a multi-step job to.
+- ``explore`` (a subagent): read-only, for searching a codebase; ``bash`` runs only the
+  read-only commands and refuses the rest (a subagent has nobody at hand to ask).
+
+``mode`` says where an agent may run: ``primary`` (a session's own agent), ``subagent`` (only
+as a ``task`` call's child session) or ``all`` (either; the default of a custom agent).
 
 Custom agents come from a TOML or JSON file named by ``SESSIONFLOW_AGENTS`` (or passed to the
 worker and the client)::
@@ -16,6 +22,7 @@ worker and the client)::
     system = "You review code. Never change it."
     model = "anthropic/claude-sonnet-4"   # optional override of the session's model
     max_steps = 20
+    mode = "subagent"                      # optional: primary | subagent | all (the default)
     tools = ["read", "grep", "glob", "list", "bash"]   # optional: all when missing
     permissions = [{ tool = "bash", pattern = "git *", action = "allow" }]
 
@@ -29,7 +36,7 @@ import json
 import tomllib
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -71,6 +78,7 @@ _WRITING = ("git * --output*", "git * -o *")
 class Agent(Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str = ""
+    mode: Literal["primary", "subagent", "all"] = "all"
     system: str | None = None
     model: str | None = None
     max_steps: int | None = Field(default=None, ge=1)
@@ -81,9 +89,15 @@ class Agent(Model):
         """Whether the agent offers ``tool``: its ``tools`` are names or wildcards (``git_*``)."""
         return self.tools is None or any(fnmatchcase(tool, entry) for entry in self.tools)
 
+    @property
+    def subagent(self) -> bool:
+        """Whether a ``task`` call may run it as a child session."""
+        return self.mode in ("subagent", "all")
+
 
 BUILD = Agent(
     name="build",
+    mode="primary",
     description="The default: every tool; bash asks except for read-only commands.",
     permissions=(
         Rule(tool="bash", pattern="*", action="ask"),
@@ -93,6 +107,7 @@ BUILD = Agent(
 )
 PLAN = Agent(
     name="plan",
+    mode="primary",
     description="Read-only: write, edit and apply_patch are denied, bash asks.",
     permissions=(
         Rule(tool="write", action="deny"),
@@ -101,6 +116,31 @@ PLAN = Agent(
         Rule(tool="bash", action="ask"),
     ),
 )
+
+GENERAL = Agent(
+    name="general",
+    mode="subagent",
+    description=(
+        "A general-purpose agent for researching complex questions and running multi-step "
+        "jobs; it has every tool."
+    ),
+    permissions=BUILD.permissions,
+)
+EXPLORE = Agent(
+    name="explore",
+    mode="subagent",
+    description=(
+        "A fast read-only agent for exploring a codebase: finding files by pattern, searching "
+        "code for keywords, answering questions about it. It changes nothing."
+    ),
+    tools=("read", "list", "glob", "grep", "bash", "todoread"),
+    permissions=(
+        Rule(tool="bash", pattern="*", action="deny"),
+        *(Rule(tool="bash", pattern=p, action="allow") for p in READ_ONLY_COMMANDS),
+        *(Rule(tool="bash", pattern=p, action="deny") for p in _WRITING),
+    ),
+)
+BUILT_IN = (BUILD, PLAN, GENERAL, EXPLORE)
 
 
 class UnknownAgentError(InvalidInputError):
@@ -113,7 +153,7 @@ class Agents:
     """The agents a worker (or a client) knows, and the default one."""
 
     def __init__(self, custom: dict[str, Agent] | None = None, default: str = DEFAULT_AGENT):
-        self.agents = {BUILD.name: BUILD, PLAN.name: PLAN, **(custom or {})}
+        self.agents = {**{a.name: a for a in BUILT_IN}, **(custom or {})}
         self.default = default
         self.get(default)  # a default that does not exist is a configuration error
 
@@ -125,6 +165,10 @@ class Agents:
 
     def names(self) -> list[str]:
         return sorted(self.agents)
+
+    def subagents(self) -> list[Agent]:
+        """The agents a ``task`` call may start, by name."""
+        return [self.agents[name] for name in self.names() if self.agents[name].subagent]
 
 
 def load_agents(path: str | Path | None) -> Agents:

@@ -348,6 +348,7 @@ async def run_dev(console: Console, options: StackOptions) -> None:
     server, client = await ensure_server(
         options.address, ui_port=options.ui_port, state_dir=options.state_dir
     )
+    from sessionflow.agents import load_agents
     from sessionflow.api.serve import dev_api
     from sessionflow.logs import quiet_expected_failures
     from sessionflow.models.drain import TASK_QUEUE
@@ -378,6 +379,8 @@ async def run_dev(console: Console, options: StackOptions) -> None:
                         tools=tools_from_env(settings),
                         sandboxed=settings.workflow_sandbox,
                         mcp=mcp_from_env(settings),
+                        agents=load_agents(settings.agents_file),
+                        max_depth=settings.max_depth,
                     )
                 ),
                 dev_api(

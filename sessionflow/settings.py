@@ -98,6 +98,8 @@ class Settings(BaseModel):
     sandbox_mount: tuple[str, ...] = ()
     sandbox_hide: tuple[str, ...] = ()
     agents_file: str | None = None
+    # How deep a tree of subagent sessions may grow (a root session is depth 0).
+    max_depth: int = Field(default=3, ge=0, le=32)
     db_pool_size: int = Field(default=10, ge=1)
     db_pool_overflow: int = Field(default=10, ge=0)
 
@@ -130,6 +132,7 @@ _VARIABLES = (
     ("sandbox_mount", "SESSIONFLOW_SANDBOX_MOUNT"),
     ("sandbox_hide", "SESSIONFLOW_SANDBOX_HIDE"),
     ("agents_file", "SESSIONFLOW_AGENTS"),
+    ("max_depth", "SESSIONFLOW_MAX_DEPTH"),
     ("db_pool_size", "SESSIONFLOW_DB_POOL_SIZE"),
     ("db_pool_overflow", "SESSIONFLOW_DB_POOL_OVERFLOW"),
 )

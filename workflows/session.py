@@ -23,6 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 from workflows.approvals import Approvals
+from workflows.children import Children
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.common import SessionError
@@ -30,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         RESUME_BUDGET,
         AcquireInput,
         CallRef,
+        ChildFinished,
         ClaimAndPrepareInput,
         ClaimAndPrepareResult,
         ClaimRef,
@@ -44,11 +46,13 @@ with workflow.unsafe.imports_passed_through():
         InterruptRequest,
         InterruptResult,
         Outcome,
+        ParentCall,
         PendingInput,
         PendingResult,
         PrepareInput,
         PrepareResult,
         Promotion,
+        ReportInput,
         ResumeRequest,
         RunningTool,
         ToolInput,
@@ -56,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         ToolsReady,
         TurnInput,
         TurnResult,
+        workflow_id,
     )
     from sessionflow.models.permissions import PermissionReply, RespondResult
 
@@ -151,6 +156,11 @@ COMPACT = Options(
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
+# A background child's result, admitted to its parent: idempotent, so retried freely.
+REPORT = Options(
+    timedelta(seconds=60),
+    RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=10),
+)
 TOOL = Options(
     timedelta(hours=2),
     RetryPolicy(
@@ -237,6 +247,10 @@ class SessionWorkflow:
         self.tool_tasks: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
         self.running: dict[str, RunningTool] = {}
         self.approvals = Approvals()
+        self.children = Children()
+        self.max_active_tools = 8
+        # The parent's ``task`` call this session's busy period answers (a child session).
+        self.parent: ParentCall | None = None
 
     # --- what the Temporal UI shows ---------------------------------------------------------------
 
@@ -258,6 +272,10 @@ class SessionWorkflow:
             details += " · running " + ", ".join(t.name for t in self.running.values())
         for ask in self.approvals.waiting():
             details += f" · waiting for an answer: {ask.tool} `{ask.summary}` ({ask.request_id})"
+        for child in self.children.waiting():
+            details += f" · waiting for subagent {child.agent} {child.session_id}"
+        if self.parent is not None:
+            details += f" · subagent of {self.parent.session_id}"
         workflow.set_current_details(details)
 
     # --- handlers -------------------------------------------------------------------------------
@@ -291,6 +309,11 @@ class SessionWorkflow:
             for call in ready.calls:
                 self._start_tool(self.claim, ready.assistant_message_id, call.call_id, call.name)
 
+    @workflow.signal
+    def child_finished(self, finished: ChildFinished) -> None:
+        """A child session's busy period ended; its outcome is in the store."""
+        self.children.take(finished)
+
     @workflow.update
     def respond(self, reply: PermissionReply) -> RespondResult:
         """Answer a waiting call (the update id is the request id: a repeat is answered once)."""
@@ -319,6 +342,7 @@ class SessionWorkflow:
             running_tools=tuple(self.running.values()),
             pending_wake=self.pending_wake,
             waiting=self.approvals.waiting(),
+            children=self.children.waiting(),
         )
 
     def _interrupt(self, request: InterruptRequest) -> bool:
@@ -411,6 +435,7 @@ class SessionWorkflow:
         if self.claim is not None:
             outcome = Outcome(**{**outcome.model_dump(), "execution_id": self.claim.execution_id})
             await self._finish_execution(self.claim, outcome)
+            await self._report_to_parent(outcome)
         self.outcomes[period] = outcome
         for old in [p for p in self.outcomes if p < period - 20]:
             del self.outcomes[old]
@@ -439,6 +464,7 @@ class SessionWorkflow:
                 "claim_and_prepare", both, ClaimAndPrepareResult, summary, CLAIM_AT_ONCE
             )
             self.prepared = result.prep
+            self.parent = result.prep.parent
             return result.claim
         except (ActivityError, ApplicationError) as error:
             failed = error if isinstance(error, ApplicationError) else error.cause
@@ -447,6 +473,31 @@ class SessionWorkflow:
             # Acquiring is idempotent per execution id: the retrying path takes over.
         self._check_stopping()  # a held claim is not worth waiting for once interrupted
         return await call("acquire_claim", request, ClaimRef, "claim session", CLAIM)
+
+    async def _report_to_parent(self, outcome: Outcome) -> None:
+        """A child's busy period ended: tell the parent, whose call waits for it (or, for a
+        background call, whose next turn reads it as a message)."""
+        parent, self.parent = self.parent, None
+        if parent is None:
+            return
+        error = outcome.error.message[:1000] if outcome.error else outcome.reason
+        if parent.background:
+            report = ReportInput(
+                parent=parent, child_session_id=self.session_id, outcome=outcome.type, error=error
+            )
+            try:
+                await call("report_to_parent", report, type(None), "report to parent", REPORT)
+            except ActivityError as failed:
+                workflow.logger.warning("Background result not reported: %s", failed)
+            return
+        finished = ChildFinished(
+            child_session_id=self.session_id, outcome=outcome.type, error=error
+        )
+        try:
+            handle = workflow.get_external_workflow_handle(workflow_id(parent.session_id))
+            await handle.signal("child_finished", finished)
+        except Exception as failed:  # it stopped waiting (a timeout), or its drain is gone
+            workflow.logger.info("Parent %s not told: %s", parent.session_id, failed)
 
     async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:
         try:
@@ -463,6 +514,8 @@ class SessionWorkflow:
             await self._drain(claim, force)
         else:
             self.semaphore = asyncio.Semaphore(max(1, resume.max_active_tools))
+            self.max_active_tools = max(1, resume.max_active_tools)
+            self.parent = resume.parent
             self.turn_timeout_s = resume.turn_timeout_s
             self.retry_backoff_ms = resume.retry_backoff_ms
             limits = (resume.max_steps, resume.max_active_tools)
@@ -478,6 +531,7 @@ class SessionWorkflow:
             self.phase = "preparing"
             request = PrepareInput(claim=claim, force=force)
             prep = await call("prepare_drain", request, PrepareResult, "prepare drain", SHORT)
+            self.parent = prep.parent or self.parent
         self._check_stopping()
         if prep.failure is not None:
             raise DrainFailure(prep.failure)
@@ -486,6 +540,7 @@ class SessionWorkflow:
         self.turn_timeout_s = prep.turn_timeout_s
         self.retry_backoff_ms = prep.retry_backoff_ms
         self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
+        self.max_active_tools = max(1, prep.max_active_tools)
         promotion = prep.promotion
         if prep.compaction is not None:
             pending = await self._barrier(claim, prep.compaction)
@@ -543,6 +598,7 @@ class SessionWorkflow:
             restarts=self.restarts,
             turn_timeout_s=self.turn_timeout_s,
             retry_backoff_ms=self.retry_backoff_ms,
+            parent=self.parent,
         )
         workflow.continue_as_new(self._carry(resume))
 
@@ -704,28 +760,52 @@ class SessionWorkflow:
         key = (assistant_id, call_id)
         if key in self.tool_tasks or self.stopping:
             return
-        self.tool_tasks[key] = asyncio.create_task(
-            self._run_tool(
-                ToolInput(
-                    claim=claim, assistant_message_id=assistant_id, call_id=call_id, name=name
-                )
-            )
+        request = ToolInput(
+            claim=claim, assistant_message_id=assistant_id, call_id=call_id, name=name
         )
+        if name == "task":
+            if len(self.children.calls) >= self.max_active_tools:
+                refused = (
+                    f"This step already runs {len(self.children.calls)} task calls at once, the "
+                    f"fan-out bound (max_active_tools = {self.max_active_tools}): wait for "
+                    "their results, then call again"
+                )
+                request = request.model_copy(update={"refused": refused})
+            else:
+                self.children.calls.add(key)
+        self.tool_tasks[key] = asyncio.create_task(self._run_tool(request))
 
     async def _run_tool(self, request: ToolInput) -> ToolOutcome:
         """Run the call; one that needs an answer waits for it holding no slot, then runs
-        again carrying it. A rejection without a message stops the step (reference #61)."""
-        outcome = await self._run_tool_once(request)
-        while outcome.status == "ask" and outcome.ask is not None:
-            self._show_details()
-            reply = await self.approvals.wait(outcome.ask, lambda: self.stopping)
-            self._show_details()
-            if reply.declined:
-                self.approvals.declined.append(reply)
-                self._interrupt(InterruptRequest(reason="rejected"))
-                raise asyncio.CancelledError()
-            outcome = await self._run_tool_once(request.model_copy(update={"reply": reply}))
-        return outcome
+        again carrying it. A rejection without a message stops the step (reference #61). A
+        ``task`` call waits for its child session the same way."""
+        try:
+            outcome = await self._run_tool_once(request)
+            while outcome.status in ("ask", "child"):
+                if outcome.child is not None:
+                    outcome = await self._wait_for_child(request, outcome)
+                    continue
+                assert outcome.ask is not None
+                self._show_details()
+                reply = await self.approvals.wait(outcome.ask, lambda: self.stopping)
+                self._show_details()
+                if reply.declined:
+                    self.approvals.declined.append(reply)
+                    self._interrupt(InterruptRequest(reason="rejected"))
+                    raise asyncio.CancelledError()
+                outcome = await self._run_tool_once(request.model_copy(update={"reply": reply}))
+            return outcome
+        finally:
+            self.children.calls.discard((request.assistant_message_id, request.call_id))
+
+    async def _wait_for_child(self, request: ToolInput, outcome: ToolOutcome) -> ToolOutcome:
+        assert outcome.child is not None
+        self._show_details()
+        finished = await self.children.run(outcome.child, lambda: self.stopping)
+        self._show_details()
+        if finished is None:  # a background call: settled with the child's id already
+            return ToolOutcome(call_id=request.call_id, status="completed")
+        return await self._run_tool_once(request.model_copy(update={"child": finished}))
 
     async def _run_tool_once(self, request: ToolInput) -> ToolOutcome:
         async with self.semaphore:
@@ -755,6 +835,8 @@ class SessionWorkflow:
             task.cancel()
         await asyncio.gather(*self.tool_tasks.values(), return_exceptions=True)
         self.tool_tasks = {}
+        if self.children.active:
+            await self.children.stop_all(f"parent {self.interrupt_reason or 'user'}")
         replies = tuple(self.approvals.declined)
         self.approvals.settle_all()
         await self._finish_step(claim, turn, interrupted=True, replies=replies)

@@ -67,7 +67,7 @@ class ToolOutput:
 
 class Tool(Generic[InputT]):
     name: ClassVar[str]
-    description: ClassVar[str]
+    description: str  # a class attribute, or set by a tool whose text depends on settings
     input_model: ClassVar[type[BaseModel]]
     retry_safe: ClassVar[bool] = False
     # The policy's action for a call no rule matches (``activities/permissions.py``).

@@ -385,7 +385,7 @@ class McpTool(Tool[McpArguments]):
     ) -> None:
         self.pool, self.server, self.tool, self.settings = pool, server, tool, settings
         self.name = tool_name(server, tool.name)  # type: ignore[misc]
-        self.description = tool.description or f"{tool.name} (MCP server {server})"  # type: ignore[misc]
+        self.description = tool.description or f"{tool.name} (MCP server {server})"
         hints = tool.annotations
         read_only = bool(hints and hints.read_only_hint)
         self.retry_safe = read_only or bool(hints and hints.idempotent_hint)  # type: ignore[misc]

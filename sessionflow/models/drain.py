@@ -38,6 +38,15 @@ class ClaimRef(Model):
 # --- workflow messages --------------------------------------------------------------------------
 
 
+class ParentCall(Model):
+    """The ``task`` call of a parent session that a child session's busy period answers."""
+
+    session_id: str
+    assistant_message_id: str
+    call_id: str
+    background: bool = False
+
+
 class DrainResume(Model):
     """A busy period carried across continue-as-new at a step boundary: cursors, no content."""
 
@@ -50,6 +59,8 @@ class DrainResume(Model):
     restarts: int = 0
     turn_timeout_s: int = 3600
     retry_backoff_ms: int = 2000
+    # A child session's task call, owed the busy period's outcome (None: not a child's).
+    parent: ParentCall | None = None
 
 
 class DrainInput(Model):
@@ -61,6 +72,38 @@ class DrainInput(Model):
     period: int = 0
     turns: int = 0
     resume: DrainResume | None = None
+
+
+class ChildWait(Model):
+    """A ``task`` call's child session, started: the parent waits for it holding nothing
+    (``workflows/children.py``), or, in the background, goes on at once."""
+
+    session_id: str
+    agent: str
+    description: str = ""
+    timeout_s: float | None = None
+    background: bool = False
+    parent_id: str = ""
+
+
+class ChildFinished(Model):
+    """The ``child_finished`` signal: a child's busy period ended (its outcome is in the
+    store); or, as a ``run_tool`` input, the parent stopped waiting (``timed_out``)."""
+
+    child_session_id: str
+    outcome: str = "succeeded"
+    error: str | None = None
+    timed_out: bool = False
+
+
+class ReportInput(Model):
+    """A background child's busy period ended: tell its parent."""
+
+    parent: ParentCall
+    child_session_id: str
+    description: str = ""
+    outcome: str = "succeeded"
+    error: str | None = None
 
 
 class WakeSignal(Model):
@@ -106,6 +149,8 @@ class DrainStatus(Model):
     pending_wake: bool = False
     # Calls waiting for a person: permission asks and questions.
     waiting: tuple[PermissionRequest, ...] = ()
+    # Child sessions the busy period's ``task`` calls wait on.
+    children: tuple[ChildWait, ...] = ()
 
 
 # --- activities ---------------------------------------------------------------------------------
@@ -143,6 +188,8 @@ class PrepareResult(Model):
     turn_timeout_s: int = 3600
     # The first provider retry's delay (``SESSIONFLOW_RETRY_BACKOFF_MS``), doubling per retry.
     retry_backoff_ms: int = 2000
+    # The session is a child whose ``task`` call waits for this busy period's outcome.
+    parent: ParentCall | None = None
 
 
 class ClaimAndPrepareResult(Model):
@@ -230,14 +277,20 @@ class ToolInput(Model):
     name: str
     # The answer to the call's ask: the call runs (once, always) or is refused (reject).
     reply: PermissionReply | None = None
+    # A ``task`` call whose child finished (or was waited for long enough): settle it.
+    child: ChildFinished | None = None
+    # Why the workflow refuses the call before it starts (a bound of the session tree).
+    refused: str | None = None
 
 
 class ToolOutcome(Model):
     call_id: str
-    status: Literal["completed", "error", "interrupted", "infrastructure", "ask"]
+    status: Literal["completed", "error", "interrupted", "infrastructure", "ask", "child"]
     error: SessionError | None = None
     # status "ask": nothing ran; the call waits for a reply to this.
     ask: PermissionRequest | None = None
+    # status "child": a child session runs the call; the call waits for it.
+    child: ChildWait | None = None
 
 
 class FinishStepInput(Model):
