@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from activities import compaction, context
-from activities.children import depth_of
 from activities.gate import session_rules
 from activities.history import (
     DEFAULT_SYSTEM,
@@ -43,7 +42,6 @@ from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
 from activities.session import SessionActivities
 from activities.tools.base import ToolRegistry
-from activities.tools.task import Task
 from sessionflow import telemetry
 from sessionflow.agents import Agent
 from sessionflow.errors import ContextUnavailableError
@@ -282,13 +280,10 @@ class TurnActivities:
     def _hidden(self, session: SessionInfo, agent: Agent, tools: ToolRegistry) -> frozenset[str]:
         """Tools the agent does not offer, or whose every call its rules deny."""
         rules = session_rules(session, agent.permissions)
-        deepest = depth_of(session) >= self.rt.max_depth  # a task call would be refused
         return frozenset(
             name
             for name in tools.names()
-            if not agent.offers(name)
-            or denies_everything(rules, name)
-            or (name == Task.name and deepest)
+            if not agent.offers(name) or denies_everything(rules, name)
         )
 
     async def _request(

@@ -474,20 +474,80 @@ def status(session: str = typer.Argument(..., help="Session id"), as_json: bool 
             return await client.status(session)
 
     state = run(work)
-    drain = state.drain.model_dump(mode="json") if state.drain else None
-    value = {"session_id": session, "busy": state.busy, "pending_inputs": state.pending_inputs}
-    value |= {"drain": drain, "waiting_for_worker": state.waiting_for_worker}
-    phase = drain["phase"] if drain else ("waiting" if state.waiting_for_worker else "idle")
-    tools = ", ".join(t["name"] for t in drain["running_tools"]) if drain else ""
-    text = f"{'busy' if state.busy else 'idle'} · {phase} · {state.pending_inputs} pending"
+    emit(_status_json(state), as_json, _status_text(state))
+
+
+def _status_json(state: Any) -> dict[str, Any]:
+    value = {"session_id": state.session_id, "busy": state.busy}
+    value |= {"pending_inputs": state.pending_inputs}
+    value |= {"drain": state.drain.model_dump(mode="json") if state.drain else None}
+    value |= {"waiting_for_worker": state.waiting_for_worker}
+    return value | {"subagents": [_status_json(child) for child in state.subagents]}
+
+
+def _status_text(state: Any, indent: str = "") -> str:
+    """One line for the session, its asks, then each subagent it waits on, indented."""
+    drain = state.drain
+    phase = drain.phase if drain else ("waiting" if state.waiting_for_worker else "idle")
+    tools = ", ".join(t.name for t in drain.running_tools) if drain else ""
+    text = f"{indent}{'busy' if state.busy else 'idle'} · {phase} · {state.pending_inputs} pending"
     text += f" · running {tools}" if tools else ""
     text += f" · {state.waiting_for_worker}" if state.waiting_for_worker else ""
-    for request in drain["waiting"] if drain else ():
-        what = request["question"] or request["summary"]
-        text += f"\nwaits for an answer: {request['request_id']} ({request['tool']}: {what})"
-        text += f" — `sessionflow {'answer' if request['kind'] == 'question' else 'approve'}"
-        text += f" {session} …`"
-    emit(value, as_json, text)
+    for request in drain.waiting if drain else ():
+        what = request.question or request.summary
+        command = "answer" if request.kind == "question" else "approve"
+        text += f"\n{indent}waits for an answer: {request.request_id} ({request.tool}: {what})"
+        text += f" — `sessionflow {command} {state.session_id} …`"
+    for child in state.subagents:
+        text += f"\n{indent}  subagent {child.session_id}:\n" + _status_text(child, indent + "  ")
+    return text
+
+
+@app.command()
+def children(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
+    """The child sessions its ``task`` calls started (subagents), oldest first."""
+    from sessionflow.show import session_json
+
+    async def work() -> list[Any]:
+        async with session_client() as client:
+            return await client.children(session)
+
+    found = run(work)
+    if as_json:
+        print(json.dumps([session_json(s) for s in found], ensure_ascii=False), flush=True)
+        return
+    out = console()
+    if not found:
+        out.print(f"{session} started no subagents", style="dim", highlight=False)
+    for info in found:
+        mode = "background" if (info.settings.get("task") or {}).get("background") else "task"
+        out.print(f"{info.id}  @{info.agent}  {info.title or ''}  [dim]{mode}[/]", highlight=False)
+
+
+@app.command()
+def jobs(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
+    """Its background tasks: each child session, running or how its last busy period ended.
+    Interrupting the session cancels those still running."""
+    from sessionflow.show import session_json
+
+    async def work() -> list[Any]:
+        async with session_client() as client:
+            return await client.jobs(session)
+
+    found = run(work)
+    if as_json:
+        value = [
+            {"session": session_json(j.session), "running": j.running, "outcome": j.outcome}
+            for j in found
+        ]
+        print(json.dumps(value, ensure_ascii=False), flush=True)
+        return
+    out = console()
+    if not found:
+        out.print(f"{session} has no background tasks", style="dim", highlight=False)
+    for job in found:
+        state = "running" if job.running else (job.outcome or "not started")
+        out.print(f"{job.session.id}  @{job.session.agent}  {state}  {job.session.title or ''}")
 
 
 @app.command()

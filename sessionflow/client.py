@@ -150,6 +150,14 @@ class SessionStatus:
     pending_inputs: int
     # Set when the session has work but no worker to do it: what to start, and where.
     waiting_for_worker: str | None = None
+    # The child sessions its ``task`` calls wait on, as they are now (theirs inside).
+    subagents: tuple[SessionStatus, ...] = ()
+
+    def asks(self) -> list[tuple[str, PermissionRequest]]:
+        """Every call of the tree below and including this session that waits for a person:
+        (session id, request); answer each through its own session."""
+        own = [(self.session_id, r) for r in (self.drain.waiting if self.drain else ())]
+        return own + [ask for child in self.subagents for ask in child.asks()]
 
     @property
     def idle(self) -> bool:
@@ -159,6 +167,16 @@ class SessionStatus:
         if self.busy or self.waiting_for_worker or (self.drain and self.drain.pending_wake):
             return False
         return not (self.drain is not None and self.pending_inputs)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A background task of a session: its child session, whether it runs now, and how its
+    last busy period ended (None before the first ended)."""
+
+    session: SessionInfo
+    running: bool
+    outcome: str | None
 
 
 class SessionClient:
@@ -292,8 +310,39 @@ class SessionClient:
         tools, _unavailable = await session_tools(session, self.agents)
         return tools
 
-    async def list_sessions(self, **filters: Any) -> list[SessionInfo]:
+    async def list_sessions(self, *, roots: bool = False, **filters: Any) -> list[SessionInfo]:
+        """Sessions, most recently updated first; ``roots=True`` leaves out child sessions
+        (those a ``task`` call started)."""
+        if roots:
+            filters["roots_only"] = True
         return await self.store.sessions.list(**filters)
+
+    async def children(self, session_id: str) -> list[SessionInfo]:
+        """The child sessions of ``session_id``'s ``task`` calls, oldest first."""
+        await self.store.sessions.get(session_id)
+        found = await self.store.sessions.list(parent_id=session_id, limit=10_000)
+        return sorted(found, key=lambda child: (child.time_created, child.id))
+
+    async def jobs(self, session_id: str) -> list[Job]:
+        """The session's background tasks (``task`` with ``background``), each with whether
+        it runs now and how its last busy period ended."""
+        jobs = []
+        for child in await self.children(session_id):
+            task = child.settings.get("task") or {}
+            if not task.get("background"):
+                continue
+            terminal = await self._last_terminal(child.id)
+            running = (await self.status(child.id)).busy
+            jobs.append(Job(child, running, terminal))
+        return jobs
+
+    async def _last_terminal(self, session_id: str) -> str | None:
+        ended = [
+            await self.store.events.latest_of(session_id, kind)
+            for kind in (ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
+        ]
+        latest = max((e for e in ended if e is not None), key=lambda e: e.seq, default=None)
+        return latest.data.type.rsplit(".", 1)[-1] if latest is not None else None
 
     async def messages(self, session_id: str) -> list[Message]:
         await self.store.sessions.get(session_id)  # unknown sessions are an error, not empty
@@ -432,6 +481,13 @@ class SessionClient:
         takes effect when a worker is back, and the answer says it was only sent.
         """
         await self.store.sessions.get(session_id)  # an unknown session is an error, not idle
+        interruption = await self._interrupt_drain(session_id, reason, request_id)
+        await self._interrupt_jobs(session_id, reason)
+        return interruption
+
+    async def _interrupt_drain(
+        self, session_id: str, reason: str, request_id: str | None
+    ) -> Interruption:
         request_id = request_id or f"interrupt-{uuid.uuid4()}"
         request = InterruptRequest(reason=reason, request_id=request_id)
         handle = self._handle(session_id)
@@ -463,6 +519,13 @@ class SessionClient:
                 return Interruption("idle")
             raise
         return Interruption("stopped" if result.accepted else "idle")
+
+    async def _interrupt_jobs(self, session_id: str, reason: str) -> None:
+        """Interrupting a session cancels its background tasks, and theirs (the reference's
+        cancel-background-jobs rule); the tasks it waits on its workflow interrupts itself."""
+        for child in await self.store.sessions.list(parent_id=session_id, limit=10_000):
+            if (child.settings.get("task") or {}).get("background"):
+                await self.interrupt(child.id, f"parent {reason}")
 
     # --- permissions, questions, agents ---------------------------------------------------------
 
@@ -579,7 +642,8 @@ class SessionClient:
                 return SessionStatus(session_id, False, None, pending)
             waiting = f"no worker on task queue {queue} answered within {ANSWER_TIMEOUT.seconds} s"
             return SessionStatus(session_id, False, None, pending, waiting)
-        return SessionStatus(session_id, drain.busy, drain, pending)
+        below = tuple([await self.status(child.session_id) for child in drain.children])
+        return SessionStatus(session_id, drain.busy, drain, pending, subagents=below)
 
     async def workers(self, task_queue: str | None = None) -> int:
         """How many workers polled ``task_queue`` (default this client's) for workflow tasks

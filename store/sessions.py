@@ -210,6 +210,7 @@ class Sessions:
         workspace_id: str | None = None,
         search: str | None = None,
         roots_only: bool = False,
+        parent_id: str | None = None,
         updated_since: int | None = None,
         limit: int = DEFAULT_LIST_LIMIT,
     ) -> list[SessionInfo]:
@@ -226,6 +227,8 @@ class Sessions:
             query = query.where(sa.func.lower(_s.title).contains(search.lower(), autoescape=True))
         if roots_only:
             query = query.where(_s.parent_id.is_(None))
+        if parent_id is not None:
+            query = query.where(_s.parent_id == validate_id(parent_id, "parent session"))
         if updated_since is not None:
             query = query.where(_s.time_updated >= updated_since)
         async with self.db.read(single=True) as conn:

@@ -63,6 +63,28 @@ class McpServerError(ToolFailure):
     """A server that could not start, died, or did not answer in time."""
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed process its parent has not reaped yet (a zombie) does
+    not, though signals still reach it."""
+    if not Path("/proc/self/stat").exists():  # no procfs: a signal's reach is all we know
+        return _signalable(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _signalable(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass
 class _Connection:
     """One running server and the task that holds its client open."""
@@ -99,13 +121,7 @@ class _Connection:
         pids = self._pids()
         if pids is None:
             return True  # a remote server, or not started yet
-        try:
-            os.kill(pids[0], 0)
-            os.killpg(pids[1], 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return all(_running(pid) for pid in pids)
         return True
 
     async def start(self) -> None:

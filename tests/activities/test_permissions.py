@@ -149,7 +149,7 @@ def test_agents_from_a_file(tmp_path: Path, suffix: str) -> None:
         )
     agents = load_agents(file)
     assert agents.get(None).name == "reviewer" and agents.get(None).max_steps == 3
-    assert agents.names() == ["build", "plan", "reviewer"]
+    assert agents.names() == ["build", "explore", "general", "plan", "reviewer"]
 
 
 def test_a_bad_agents_file_is_a_clear_error(tmp_path: Path) -> None:

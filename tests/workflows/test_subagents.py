@@ -5,21 +5,28 @@ scripted model (each subagent its own script).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from sessionflow.api.config import ApiSettings
+from sessionflow.api.serve import running_api
+
 from sessionflow.agents import Agent, Agents
+from sessionflow.models.permissions import Rule
 from store import Store
 from tests.workflows.harness import Harness, call, harness
 
 
 def task(call_id: str, agent: str, prompt: str = "Do it", **options: Any) -> dict[str, Any]:
-    return call(call_id, "task", description=f"job {call_id}", prompt=prompt,
-                subagent_type=agent, **options)
+    return call(
+        call_id, "task", description=f"job {call_id}", prompt=prompt, subagent_type=agent, **options
+    )
 
 
 class Tree:
@@ -102,3 +109,186 @@ async def test_three_tasks_at_once_one_succeeds_one_fails_one_times_out(tree: Tr
             ("t2", True),
             ("t3", True),
         ]
+
+
+async def terminal(h: Harness, sid: str) -> Any:
+    ended = [e for e in await h.events(sid) if e.type.startswith("session.execution.")]
+    return ended[-1]
+
+
+async def test_interrupting_the_parent_interrupts_every_descendant_first(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent("leaf", [{"wait_for_file": h.gate_file("leaf")}, {"text": "never"}])
+    tree.subagent("mid", [task("m1", "leaf")], [{"text": "never"}])
+    tree.subagent("side", [{"wait_for_file": h.gate_file("side")}, {"text": "never"}])
+    sid = await h.session([task("t1", "mid"), task("t2", "side")], [{"text": "never"}])
+    async with tree.worker():
+        await h.client.prompt(sid, "Delegate")
+
+        async def leaf_streaming() -> bool:
+            status = await h.client.status(sid)
+            return any(grand.busy for child in status.subagents for grand in child.subagents)
+
+        await h.until(leaf_streaming, timeout=30)
+        await h.client.interrupt(sid)
+        await h.client.wait_idle(sid, timeout=60)
+        parent_end = await terminal(h, sid)
+        assert parent_end.type == "session.execution.interrupted"
+        mid, side = (c.id for c in await children(h, sid))
+        (leaf,) = (c.id for c in await children(h, mid))
+        for child in (mid, side, leaf):
+            ended = await terminal(h, child)
+            assert ended.type == "session.execution.interrupted", child
+            assert ended.data["reason"].startswith("parent")
+            # Settled before the parent settled: nothing of the tree ran on after it.
+            assert ended.seq and ended.created <= parent_end.created
+            assert not (await h.client.status(child)).busy
+        settled = results(await h.messages(sid))
+        assert {k: v[0] for k, v in settled.items()} == {"t1": "error", "t2": "error"}
+
+
+async def test_a_background_task_reports_to_its_idle_parent(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent("bg", [{"wait_for_file": h.gate_file("bg")}, {"text": "background answer"}])
+    sid = await h.session(
+        [task("t1", "bg", background=True)],
+        [{"text": "started it"}],
+        [{"text": "read the result"}],
+    )
+    async with tree.worker():
+        await h.client.prompt(sid, "Start a job")
+        await h.until(lambda: len(h.requests()) == 2, timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        settled = results(await h.messages(sid))
+        assert settled["t1"][0] == "completed" and "Started in the background" in settled["t1"][1]
+        (job,) = await h.client.jobs(sid)
+        await h.until(lambda: busy(h, job.session.id), timeout=30)
+        (job,) = await h.client.jobs(sid)
+        assert job.running and job.outcome is None
+        async with (
+            running_api(h.client, ApiSettings(port=0)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as http,
+        ):
+            (listed,) = (await http.get(f"/sessions/{sid}/jobs")).json()
+            assert listed["running"] and listed["session"]["id"] == job.session.id
+            (child,) = (await http.get(f"/sessions/{sid}/children")).json()
+            assert child["parent_id"] == sid and child["settings"]["task"]["background"]
+            roots = (await http.get("/sessions", params={"roots": "true"})).json()
+            assert [s["id"] for s in roots] == [sid]
+        assert [s.id for s in await h.client.list_sessions(roots=True)] == [sid]
+        assert len(await h.client.list_sessions()) == 2
+        h.open_gate("bg")
+        await h.until(lambda: len(h.requests()) == 3, timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        third = h.requests()[2]["messages"][-1]
+        assert "background answer" in json_text(third)
+        (job,) = await h.client.jobs(sid)
+        assert not job.running and job.outcome == "succeeded"
+
+
+def json_text(message: dict[str, Any]) -> str:
+    return json.dumps(message)
+
+
+async def busy(h: Harness, sid: str) -> bool:
+    return (await h.client.status(sid)).busy
+
+
+async def test_interrupting_an_idle_parent_cancels_its_background_task(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent("bg", [{"wait_for_file": h.gate_file("bg")}, {"text": "never"}])
+    sid = await h.session([task("t1", "bg", background=True)], [{"text": "started it"}])
+    async with tree.worker():
+        await h.client.prompt(sid, "Start a job")
+        await h.until(lambda: len(h.requests()) == 2, timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        (job,) = await h.client.jobs(sid)
+        await h.until(lambda: busy(h, job.session.id), timeout=30)
+        await h.client.interrupt(sid)
+        await h.client.wait_idle(job.session.id, timeout=30)
+        ended = await terminal(h, job.session.id)
+        assert ended.type == "session.execution.interrupted"
+        assert ended.data["reason"] == "parent user"
+
+
+async def test_bounds_and_bad_subagents_fail_their_own_calls_clearly(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent("selfish", [task("s1", "selfish")], [{"text": "gave up"}])
+    tree.subagent("deep", [task("d1", "deeper")], [{"text": "deep done"}])
+    tree.subagent("deeper", [{"text": "never runs"}])
+    sid = await h.session(
+        [task("t1", "nope"), task("t2", "build"), task("t3", "selfish"), task("t4", "deep")],
+        [{"text": "done"}],
+    )
+    tree.h.worker_options["max_depth"] = 1
+    async with tree.worker():
+        await h.client.prompt(sid, "Delegate")
+        await h.client.wait_idle(sid, timeout=60)
+        settled = results(await h.messages(sid))
+        assert settled["t1"][0] == "error"
+        assert settled["t1"][1].startswith("Unknown subagent 'nope': the subagents are")
+        assert "The build agent is not a subagent (its mode is primary)" in settled["t2"][1]
+        kids = {c.agent: c.id for c in await children(h, sid)}
+        selfish = results(await h.messages(kids["selfish"]))
+        assert "cannot start another selfish subagent (recursion)" in selfish["s1"][1]
+        deep = results(await h.messages(kids["deep"]))
+        assert "beyond the depth bound (SESSIONFLOW_MAX_DEPTH = 1)" in deep["d1"][1]
+        assert settled["t4"][0] == "completed" and "deep done" in settled["t4"][1]
+
+
+async def test_the_fan_out_bound_refuses_a_task_beyond_it(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent("slow", [{"wait_for_file": h.gate_file("slow")}, {"text": "slow answer"}])
+    sid = await h.session(
+        [task("t1", "slow"), task("t2", "slow"), task("t3", "slow")],
+        [{"text": "done"}],
+        max_active_tools=2,
+    )
+    async with tree.worker():
+        await h.client.prompt(sid, "Delegate")
+
+        async def refused() -> bool:
+            return "t3" in results(await h.messages(sid))
+
+        await h.until(refused, timeout=30)
+        h.open_gate("slow")
+        await h.client.wait_idle(sid, timeout=60)
+        settled = results(await h.messages(sid))
+        assert [settled[c][0] for c in ("t1", "t2")] == ["completed", "completed"]
+        assert settled["t3"][0] == "error"
+        assert "the fan-out bound (max_active_tools = 2)" in settled["t3"][1]
+
+
+async def test_a_child_waiting_for_an_answer_is_seen_and_answered_from_the_parent(
+    tree: Tree,
+) -> None:
+    h = tree.h
+    model = h.script([call("e1", "echo", text="hi")], [{"text": "child done"}], name="asker.json")
+    tree.custom["asker"] = Agent(
+        name="asker",
+        mode="subagent",
+        model=model,
+        permissions=(Rule(tool="echo", action="ask"),),
+    )
+    sid = await h.session([task("t1", "asker")], [{"text": "parent done"}])
+    async with tree.worker():
+        await h.client.prompt(sid, "Delegate")
+
+        async def asked() -> list[Any]:
+            return (await h.client.status(sid)).asks()
+
+        await h.until(asked, timeout=30)
+        ((child, request),) = await asked()
+        assert child != sid and request.tool == "echo"
+        async with (
+            running_api(h.client, ApiSettings(port=0)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as http,
+        ):
+            status = (await http.get(f"/sessions/{sid}/status")).json()
+            (below,) = status["subagents"]
+            assert below["session_id"] == child
+            assert below["drain"]["waiting"][0]["request_id"] == request.request_id
+        await h.client.respond(child, request.request_id, "once")
+        await h.client.wait_idle(sid, timeout=60)
+        settled = results(await h.messages(sid))
+        assert settled["t1"][0] == "completed" and "child done" in settled["t1"][1]

@@ -14,6 +14,7 @@ import signal
 import sys
 from datetime import timedelta
 
+from sessionflow.agents import load_agents
 from sessionflow.cli import leave
 from sessionflow.settings import Settings
 from store import open_store
@@ -35,6 +36,8 @@ async def main(address: str, task_queue: str, url: str, schema: str | None) -> N
         graceful_shutdown=grace,
         turn_timeout_s=settings.turn_timeout_s,
         mcp=mcp_from_env(settings),
+        agents=load_agents(settings.agents_file),
+        max_depth=settings.max_depth,
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 from sessionflow.api.deps import Client, SessionId
 from sessionflow.api.schemas import CreateSession
 from sessionflow.catalogue import ToolInfo
+from sessionflow.client import Job
 from sessionflow.models.messages import Message
 from store.sessions import SessionInfo
 
@@ -71,3 +72,16 @@ async def tools(session_id: SessionId, client: Client) -> list[ToolInfo]:
 async def messages(session_id: SessionId, client: Client) -> list[Message]:
     """The transcript as the store projects it: user, assistant (parts), synthetic messages."""
     return await client.messages(session_id)
+
+
+@router.get("/{session_id}/children", response_model=list[SessionInfo])
+async def children(session_id: SessionId, client: Client) -> list[SessionInfo]:
+    """The child sessions its ``task`` calls started (subagents), oldest first; each one's
+    ``settings.task`` names the call that started it."""
+    return await client.children(session_id)
+
+
+@router.get("/{session_id}/jobs", response_model=list[Job])
+async def jobs(session_id: SessionId, client: Client) -> list[Job]:
+    """Its background tasks: each child session, whether it runs now, how it last ended."""
+    return await client.jobs(session_id)

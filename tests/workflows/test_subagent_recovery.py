@@ -1,0 +1,132 @@
+"""The whole subagent tree survives the death of every worker (issue 27).
+
+A parent waits on three children: two stream a turn, one runs a tool. The only worker is killed
+(SIGKILL) with all three in flight; another starts. Each child carries on from where it was
+(the lost turn is closed and continued, the retry-safe tool runs again), no child is created or
+started twice, the parent receives each result exactly once, and every session of the tree
+keeps the log's invariants.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from activities.restart import RESTART_TEXT
+from store import Store
+from tests.conftest import Target
+from tests.invariants import assert_clean, final_log
+from tests.workflows.harness import Harness, call, harness
+from tests.workflows.test_subagents import results, task
+from tests.workflows.workers import WorkerProcess
+
+pytestmark = pytest.mark.fault  # worker processes killed and started: the slow fault tests
+
+STREAMED = 10
+
+
+def streaming(h: Harness, name: str) -> list[dict[str, Any]]:
+    """Some text, then a wait nobody ends: the kill lands mid-stream."""
+    return [
+        {"text": "".join(f"{name}{i}," for i in range(STREAMED)), "chunks": STREAMED},
+        {"wait_for_file": h.gate_file("never")},
+    ]
+
+
+def write_agents(h: Harness) -> Path:
+    """Three subagents, each answering from its own script, as a worker process loads them."""
+    specs = {
+        "alpha": h.script(streaming(h, "a"), [{"text": "alpha answer"}], name="alpha.json"),
+        "beta": h.script(streaming(h, "b"), [{"text": "beta answer"}], name="beta.json"),
+        "gamma": h.script(
+            [call("g1", "gate", text="gated", gate=h.gate_file("tool"))],
+            [{"text": "gamma answer"}],
+            name="gamma.json",
+        ),
+    }
+    path = h.root / "agents.json"
+    agents = {name: {"mode": "subagent", "model": model} for name, model in specs.items()}
+    path.write_text(json.dumps({"agents": agents}))
+    return path
+
+
+async def count(h: Harness, sid: str, kind: str) -> int:
+    return (await h.types(sid, deltas=True)).count(kind)
+
+
+async def test_killing_every_worker_with_children_in_flight_recovers_the_tree(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        agents = str(write_agents(h))
+        sid = await h.session(
+            [task("t1", "alpha"), task("t2", "beta"), task("t3", "gamma")],
+            [{"text": "all three answered"}],
+        )
+        first = WorkerProcess(temporal_env, target, h.client.task_queue, SESSIONFLOW_AGENTS=agents)
+        workers.append(first)
+        await first.ready()
+        await h.client.prompt(sid, "Delegate")
+
+        async def in_flight() -> bool:
+            kids = {c.agent: c.id for c in await store.sessions.list(parent_id=sid)}
+            if sorted(kids) != ["alpha", "beta", "gamma"]:
+                return False
+            return (
+                await count(h, kids["alpha"], "session.text.delta") >= 3
+                and await count(h, kids["beta"], "session.text.delta") >= 3
+                and await count(h, kids["gamma"], "session.tool.called") == 1
+            )
+
+        await h.until(in_flight, timeout=60)
+        first.signal(signal.SIGKILL)
+        assert await first.exited() == -signal.SIGKILL
+        second = WorkerProcess(temporal_env, target, h.client.task_queue, SESSIONFLOW_AGENTS=agents)
+        workers.append(second)
+        await second.ready()
+        h.open_gate("tool")
+        await h.client.wait_idle(sid, timeout=120)
+
+        kids = {c.agent: c.id for c in await store.sessions.list(parent_id=sid)}
+        assert sorted(kids) == ["alpha", "beta", "gamma"]  # none created twice
+        for name, cid in kids.items():
+            log = await final_log(store, cid)
+            assert_clean(log)
+            types = [e.data.type for e in log]
+            assert types.count("session.execution.started") == 1, name  # started once
+            assert types[-1] == "session.execution.succeeded", name
+        for name in ("alpha", "beta"):
+            # Continued from the partial turn, never asked again from the start.
+            messages = await store.sessions.messages(kids[name])
+            assert [m.text for m in messages if m.type == "synthetic"] == [RESTART_TEXT]
+            lost = next(m for m in messages if m.type == "assistant")
+            assert lost.finish == "error" and lost.content[0].text.startswith(f"{name[0]}0,")
+            requests = h.requests(f"{name}.json")
+            assert len(requests) == 2
+            assert requests[1]["messages"][1]["role"] == "assistant"
+        gamma = results(await store.sessions.messages(kids["gamma"]))
+        assert gamma == {"g1": ("completed", "gated")}  # the retry-safe tool ran again
+        assert len(h.requests("gamma.json")) == 2
+
+        parent = await final_log(store, sid)
+        assert_clean(parent)
+        settled = results(await store.sessions.messages(sid))
+        assert {k: v[0] for k, v in settled.items()} == dict.fromkeys(
+            ("t1", "t2", "t3"), "completed"
+        )
+        for call_id, answer in (("t1", "alpha"), ("t2", "beta"), ("t3", "gamma")):
+            assert f"{answer} answer" in settled[call_id][1]
+        successes = [e.data.call_id for e in parent if e.data.type == "session.tool.success"]
+        assert sorted(successes) == ["t1", "t2", "t3"]  # each result delivered once
+        assert len(h.requests()) == 2
+        sent = [m["content"][0]["call_id"] for m in h.requests()[1]["messages"][-3:]]
+        assert sent == ["t1", "t2", "t3"]
