@@ -14,10 +14,9 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from sessionflow.agents import Agent, Agents
 from sessionflow.api.config import ApiSettings
 from sessionflow.api.serve import running_api
-
-from sessionflow.agents import Agent, Agents
 from sessionflow.models.permissions import Rule
 from store import Store
 from tests.workflows.harness import Harness, call, harness
