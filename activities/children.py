@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 from activities.gate import HOLD_MS, still_waiting
 from activities.runtime import Runtime, through_outages, translated
@@ -51,8 +52,9 @@ from sessionflow.models.drain import (
     WakeSignal,
     workflow_id,
 )
-from sessionflow.models.messages import AssistantMessage, TextPart, ToolPart
+from sessionflow.models.messages import AssistantMessage, TextPart, ToolError, ToolPart
 from store.claims import Claim
+from store.db import Tx
 from store.sessions import SessionInfo
 from store.tool_runs import ToolAttempt
 
@@ -127,6 +129,12 @@ class ChildCalls:
             lambda: self.store.inputs.admit(child.id, task.prompt, input_id=prompt_id),
             within_ms=self.claim.lease_ms,
         )
+        if not wait.background:
+            # An earlier run of the parent started the child, which has answered since
+            # (its signal found nobody waiting): settle now, never wait for a signal gone.
+            done = await answered(self.store, child.id, prompt_id)
+            if done is not None:
+                return await self._collect(wait, done)
         await self._link(wait)
         return ToolOutcome(call_id=self.run.call_id, status="child", child=wait)
 
@@ -224,26 +232,22 @@ class ChildCalls:
         )
 
     async def collect(self, part: ToolPart, finished: ChildFinished) -> ToolOutcome:
-        """Settle the call with what its child answered."""
+        """Settle the call with what its child answered, as the store says; a signal for
+        another prompt of the child (or a timeout the child beat) is read against it."""
         child_id = finished.child_session_id
-        linked = (getattr(part.state, "structured", None) or {}).get("child") or {}
-        agent = linked.get("agent", "")
-        who = f"The {agent} subagent (task_id {child_id})".replace("The  ", "The ")
-        error: SessionError | None = None
-        output = None
-        if finished.timed_out:
-            timeout = float(linked.get("timeout_s") or 0)
-            message = f"{who} did not finish within {timeout:g} s and was interrupted"
-            error = SessionError(type="tool.execution", message=message)
-        elif finished.outcome == "succeeded":
-            answer = await final_answer(self.store, child_id)
-            structured = {"task_id": child_id, "agent": agent, "outcome": "succeeded"}
-            output = _text_output(answer_text(child_id, answer), structured)
-        else:
-            how = "was interrupted" if finished.outcome == "interrupted" else "failed"
-            message = f"{who} {how}: {finished.error or finished.outcome}"
-            error = SessionError(type="tool.execution", message=message)
-        return await self._settle(error, output)
+        linked = (getattr(part.state, "structured", None) or {}).get("child")
+        wait = ChildWait.model_validate(linked) if linked else None
+        prompt_id = prompt_input_id(child_id, self.run.assistant_message_id, self.run.call_id)
+        done = await answered(self.store, child_id, prompt_id)
+        if done is None and not finished.timed_out and wait is not None:
+            return ToolOutcome(call_id=self.run.call_id, status="child", child=wait)
+        if done is None or (finished.timed_out and done.outcome != "succeeded"):
+            done = finished
+        wait = wait or ChildWait(session_id=child_id, agent="", parent_id=self.session.id)
+        return await self._collect(wait, done)
+
+    async def _collect(self, wait: ChildWait, finished: ChildFinished) -> ToolOutcome:
+        return await self._settle(*await result_of(self.store, wait, finished))
 
     async def _settle(self, error: SessionError | None, output: Any) -> ToolOutcome:
         """The settlement, and the ordinary lease back once no call of the step waits."""
@@ -260,10 +264,90 @@ class ChildCalls:
         return outcome
 
 
-async def final_answer(store: Any, session_id: str) -> str:
-    """The text of the session's last assistant message ("" without one)."""
-    for message in reversed(await store.sessions.messages(session_id)):
-        if isinstance(message, AssistantMessage):
+TERMINALS = (ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
+
+
+async def result_of(
+    store: Any, wait: ChildWait, finished: ChildFinished, tx: Tx | None = None
+) -> tuple[SessionError | None, ToolOutput | None]:
+    """The call's settlement from its child's end: the child's final answer, or its error."""
+    child_id = finished.child_session_id
+    who = f"The {wait.agent} subagent (task_id {child_id})".replace("The  ", "The ")
+    if finished.timed_out:
+        message = f"{who} did not finish within {wait.timeout_s or 0:g} s and was interrupted"
+        return SessionError(type="tool.execution", message=message), None
+    if finished.outcome == "succeeded":
+        answer = await final_answer(store, child_id, finished.seq, tx=tx)
+        structured = {"task_id": child_id, "agent": wait.agent, "outcome": "succeeded"}
+        return None, _text_output(answer_text(child_id, answer), structured)
+    how = "was interrupted" if finished.outcome == "interrupted" else "failed"
+    message = f"{who} {how}: {finished.error or finished.outcome}"
+    return SessionError(type="tool.execution", message=message), None
+
+
+async def closing_of_task(
+    store: Any, message: AssistantMessage, part: ToolPart, tx: Tx
+) -> ev.Event | None:
+    """How a lost step closes its ``task`` call that waits on a child (None for any other
+    call): with the child's result when the child has answered, else failed saying that the
+    child runs on, whose result then arrives as a message (``report_to_parent`` finds the
+    call closed). Never a plain stale error: the model would start the work again."""
+    linked = (getattr(part.state, "structured", None) or {}).get("child")
+    if part.name != Task.name or not linked:
+        return None
+    wait = ChildWait.model_validate(linked)
+    ids: dict[str, Any] = {
+        "session_id": message.session_id,
+        "assistant_message_id": message.id,
+        "call_id": part.call_id,
+    }
+    prompt_id = prompt_input_id(wait.session_id, message.id, part.call_id)
+    done = await answered(store, wait.session_id, prompt_id, tx=tx)
+    if done is None:
+        text = (
+            f"Tool execution interrupted: task. Its {wait.agent} subagent (task_id "
+            f"{wait.session_id}) runs on: its result arrives as a message when it finishes; "
+            "do not start it again"
+        )
+        stale = SessionError(type="tool.stale", message=text)
+        return ev.ToolFailed(**ids, error=stale, executed=True)
+    error, output = await result_of(store, wait, done, tx)
+    if error is not None:
+        return ev.ToolFailed(**ids, error=error, executed=True)
+    assert output is not None
+    return ev.ToolSucceeded(
+        **ids, structured=output.structured, content=output.content, executed=True
+    )
+
+
+async def answered(
+    store: Any, child_id: str, prompt_id: str, tx: Tx | None = None
+) -> ChildFinished | None:
+    """How the child's busy period that took the call's prompt ended, from the store (None
+    while the prompt waits or that busy period runs). The store, not the ``child_finished``
+    signal, says whether a call was answered: a signal may come before its parent's run
+    waits, or after, or for an earlier prompt of the same child."""
+    receipt = await store.inputs.get(prompt_id, tx=tx)
+    if receipt is None or receipt.promoted_seq is None:
+        return None
+    end = await store.events.first_of(child_id, TERMINALS, after=receipt.promoted_seq, tx=tx)
+    if end is None:
+        return None
+    data = end.data
+    error = data.error.message[:1000] if isinstance(data, ev.ExecutionFailed) else None
+    if isinstance(data, ev.ExecutionInterrupted):
+        error = data.reason
+    outcome = data.type.rsplit(".", 1)[-1]
+    return ChildFinished(child_session_id=child_id, outcome=outcome, error=error, seq=end.seq)
+
+
+async def final_answer(
+    store: Any, session_id: str, before: int | None = None, tx: Tx | None = None
+) -> str:
+    """The text of the session's last assistant message (before seq ``before`` when given;
+    "" without one)."""
+    for message in reversed(await store.sessions.messages(session_id, tx=tx)):
+        if isinstance(message, AssistantMessage) and (before is None or message.seq < before):
             return "".join(p.text for p in message.content if isinstance(p, TextPart))
     return ""
 
@@ -273,7 +357,7 @@ def _text_output(text: str, structured: dict[str, Any]) -> ToolOutput:
 
 
 class ChildActivities:
-    """The child's side of a background ``task``."""
+    """The child's side: its busy period ended, tell its parent."""
 
     def __init__(self, runtime: Runtime, *, task_queue: str) -> None:
         self.rt = runtime
@@ -281,17 +365,34 @@ class ChildActivities:
 
     @activity.defn
     async def report_to_parent(self, request: ReportInput) -> None:
-        """Admit the child's result to its parent as a message (once per child) and wake
-        the parent, idle or not."""
-        parent, child_id = request.parent, request.child_session_id
-        input_id = background_result_id(child_id)
+        """Signal ``child_finished`` to the parent's drain, a hint for the call that waits
+        (it reads the result from the store). When no call can wait for the result (a
+        background task, or a call its parent's recovery closed while the child ran on),
+        the result becomes a message of the parent instead (once per child) and wakes it,
+        idle or not."""
+        parent = request.parent
+        client = activity.client()
+        finished = ChildFinished(
+            child_session_id=request.child_session_id,
+            outcome=request.outcome,
+            error=request.error,
+        )
+        try:
+            await client.get_workflow_handle(workflow_id(parent.session_id)).signal(
+                "child_finished", finished
+            )
+        except RPCError as gone:  # no drain runs: its recovery reads the store
+            activity.logger.info("Parent %s not signalled: %s", parent.session_id, gone)
         async with translated():
+            if not (parent.background or await self._closed_without_result(parent)):
+                return
+            input_id = background_result_id(request.child_session_id)
             if await self.rt.store.inputs.get(input_id) is None:
                 text = await self._result(request)
                 await self.rt.store.inputs.admit(
                     parent.session_id, Prompt(text=text), input_id=input_id, delivery="queue"
                 )
-        await activity.client().start_workflow(
+        await client.start_workflow(
             "SessionWorkflow",
             DrainInput(session_id=parent.session_id),
             id=workflow_id(parent.session_id),
@@ -304,9 +405,18 @@ class ChildActivities:
             static_summary=f"session {parent.session_id}",
         )
 
+    async def _closed_without_result(self, parent: ParentCall) -> bool:
+        _, stored = await self.rt.store.sessions.tool_call(
+            parent.session_id, parent.assistant_message_id, parent.call_id
+        )
+        state = stored.part.state if stored is not None else None
+        return isinstance(state, ToolError) and state.error.type == "tool.stale"
+
     async def _result(self, request: ReportInput) -> str:
         child_id = request.child_session_id
-        head = f"The background task {child_id} ({request.description or 'no description'})"
+        child = await self.rt.store.sessions.get(child_id)
+        description = (child.settings.get("task") or {}).get("description") or "no description"
+        head = f"The task {child_id} ({description})"
         if request.outcome == "succeeded":
             answer = await final_answer(self.rt.store, child_id)
             return f"{head} finished.\n\n{answer_text(child_id, answer)}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from activities.children import closing_of_task
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError
 from sessionflow.models.messages import AssistantMessage, ToolPart
@@ -112,9 +113,9 @@ async def closing_events(
 ) -> list[ev.Event]:
     """Everything that ends a lost step, in the order the publisher would have written it."""
     events = await open_fragments(store, message, tx)
-    events += [
-        stale(message, p) for p in message.content if isinstance(p, ToolPart) and not p.settled
-    ]
+    for part in message.content:
+        if isinstance(part, ToolPart) and not part.settled:
+            events.append(await closing_of_task(store, message, part, tx) or stale(message, part))
     events.append(
         ev.StepFailed(session_id=message.session_id, assistant_message_id=message.id, error=error)
     )

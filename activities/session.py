@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 from temporalio import activity
 
-from activities.children import parent_call
+from activities.children import closing_of_task, parent_call
 from activities.restart import (
     BUDGET_MESSAGE,
     LOST_STEP,
@@ -207,19 +207,27 @@ class SessionActivities:
         return events
 
     async def _fail_stale_tools(self, claim: Any, messages: list[Message]) -> int:
-        """Tools left pending or running by a dead process become ``tool.stale`` errors."""
-        failed: list[ev.Event] = [
-            stale(message, part)
+        """Tools left pending or running by a dead process become ``tool.stale`` errors (a
+        ``task`` call closes as its child says, ``closing_of_task``)."""
+        open_calls = [
+            (message, part)
             for message in messages
             if isinstance(message, AssistantMessage)
             for part in message.content
             if isinstance(part, ToolPart) and not part.settled
         ]
-        if failed:
-            await self.store.claims.run_fenced(
-                claim, lambda tx: self.store.events.publish_many(failed, tx=tx)
-            )
-        return len(failed)
+        if not open_calls:
+            return 0
+
+        async def fail(tx: Tx) -> None:
+            failed = [
+                await closing_of_task(self.store, message, part, tx) or stale(message, part)
+                for message, part in open_calls
+            ]
+            await self.store.events.publish_many(failed, tx=tx)
+
+        await self.store.claims.run_fenced(claim, fail)
+        return len(open_calls)
 
     @activity.defn
     async def pending_inputs(self, request: PendingInput) -> PendingResult:

@@ -588,6 +588,27 @@ class EventStore:
             row = (await conn.execute(query)).first()
         return None if row is None else self._decode(row)
 
+    async def first_of(
+        self,
+        aggregate_id: str,
+        kinds: Sequence[type[Event]],
+        *,
+        after: int = -1,
+        tx: Tx | None = None,
+    ) -> StoredEvent | None:
+        """The aggregate's first event of one of ``kinds`` with ``seq > after`` (None
+        without one; read in ``tx`` when given)."""
+        query = (
+            sa.select(event_table)
+            .where(event_table.c.aggregate_id == aggregate_id, event_table.c.seq > after)
+            .where(event_table.c.type.in_([kind.stored_type() for kind in kinds]))
+            .order_by(event_table.c.seq)
+            .limit(1)
+        )
+        async with self.db.reading(tx) as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else self._decode(row)
+
     def _decode(self, row: Any) -> StoredEvent:
         return StoredEvent(
             id=row.id,

@@ -166,8 +166,8 @@ class Inputs:
                 raise
             return pending
 
-    async def get(self, input_id: str) -> InputReceipt | None:
-        async with self.db.read(single=True) as conn:
+    async def get(self, input_id: str, *, tx: Tx | None = None) -> InputReceipt | None:
+        async with self.db.reading(tx) as conn:
             row = await _INPUT.first(conn, self.db.dialect, {"id": input_id})
         return None if row is None else _receipt(dict(zip(_INPUT_COLUMNS, row, strict=True)))
 

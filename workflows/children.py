@@ -50,16 +50,16 @@ class Children:
         return tuple(w for w in self.active.values() if not w.background)
 
     def take(self, finished: ChildFinished) -> None:
-        """The ``child_finished`` signal: kept only for a child this run waits on."""
-        wait = self.active.get(finished.child_session_id)
-        if wait is not None and not wait.background:
-            self.finished[finished.child_session_id] = finished
+        """The ``child_finished`` signal, kept for whichever call of the child waits now or
+        soon (it may come before the call's ``run_tool`` answered). Only a hint: the call's
+        settlement reads from the store whether its own prompt was answered, and waits on
+        when it was not."""
+        self.finished[finished.child_session_id] = finished
 
     async def run(self, wait: ChildWait, stopping: Callable[[], bool]) -> ChildFinished | None:
         """Start the child; for a foreground call, its outcome once it ended (or timed out).
         Cancelled once ``stopping`` holds."""
         cid = wait.session_id
-        self.finished.pop(cid, None)
         self.active[cid] = wait
         await self._start(wait)
         if wait.background:

@@ -60,7 +60,6 @@ with workflow.unsafe.imports_passed_through():
         ToolsReady,
         TurnInput,
         TurnResult,
-        workflow_id,
     )
     from sessionflow.models.permissions import PermissionReply, RespondResult
 
@@ -156,7 +155,7 @@ COMPACT = Options(
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
-# A background child's result, admitted to its parent: idempotent, so retried freely.
+# A child's end told to its parent (a signal, or a message admitted once): retried freely.
 REPORT = Options(
     timedelta(seconds=60),
     RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=10),
@@ -481,23 +480,13 @@ class SessionWorkflow:
         if parent is None:
             return
         error = outcome.error.message[:1000] if outcome.error else outcome.reason
-        if parent.background:
-            report = ReportInput(
-                parent=parent, child_session_id=self.session_id, outcome=outcome.type, error=error
-            )
-            try:
-                await call("report_to_parent", report, type(None), "report to parent", REPORT)
-            except ActivityError as failed:
-                workflow.logger.warning("Background result not reported: %s", failed)
-            return
-        finished = ChildFinished(
-            child_session_id=self.session_id, outcome=outcome.type, error=error
+        report = ReportInput(
+            parent=parent, child_session_id=self.session_id, outcome=outcome.type, error=error
         )
         try:
-            handle = workflow.get_external_workflow_handle(workflow_id(parent.session_id))
-            await handle.signal("child_finished", finished)
-        except Exception as failed:  # it stopped waiting (a timeout), or its drain is gone
-            workflow.logger.info("Parent %s not told: %s", parent.session_id, failed)
+            await call("report_to_parent", report, type(None), "report to parent", REPORT)
+        except ActivityError as failed:
+            workflow.logger.warning("Result not reported to the parent: %s", failed)
 
     async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:
         try:

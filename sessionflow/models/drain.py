@@ -94,6 +94,8 @@ class ChildFinished(Model):
     outcome: str = "succeeded"
     error: str | None = None
     timed_out: bool = False
+    # The seq of the child's terminal event, once read from the store (``answered``).
+    seq: int | None = None
 
 
 class ReportInput(Model):

@@ -19,10 +19,11 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.restart import RESTART_TEXT
 from store import Store
-from tests.conftest import Target
-from tests.invariants import assert_clean, final_log
+from tests.conftest import StoreFactory, Target
+from tests.invariants import assert_clean, check_store, final_log
 from tests.workflows.harness import Harness, call, harness
-from tests.workflows.test_subagents import results, task
+from tests.workflows.test_recovery import sweep
+from tests.workflows.test_subagents import Tree, busy, results, task
 from tests.workflows.workers import WorkerProcess
 
 pytestmark = pytest.mark.fault  # worker processes killed and started: the slow fault tests
@@ -130,3 +131,65 @@ async def test_killing_every_worker_with_children_in_flight_recovers_the_tree(
         assert len(h.requests()) == 2
         sent = [m["content"][0]["call_id"] for m in h.requests()[1]["messages"][-3:]]
         assert sent == ["t1", "t2", "t3"]
+
+
+async def test_the_sweep_recovers_a_terminated_parent_and_keeps_every_result(
+    temporal_env: WorkflowEnvironment, open_test_store: StoreFactory, tmp_path: Path
+) -> None:
+    """Reference §7.4 #3, in a tree: the parent's drain is terminated while it waits on two
+    children. One child answers before the sweep recovers the parent: the recovery settles
+    its call with the answer. The other still runs then: its call closes saying so, and its
+    answer arrives later as a message. Nothing runs twice."""
+    store = await open_test_store(lease_ms=1500)
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        tree = Tree(h)
+        tree.subagent("one", [{"wait_for_file": h.gate_file("one")}, {"text": "one answer"}])
+        tree.subagent("two", [{"wait_for_file": h.gate_file("two")}, {"text": "two answer"}])
+        # A timeout bounds how long the parent's claim is held while it waits (its hold).
+        sid = await h.session(
+            [task("t1", "one", timeout_s=3), task("t2", "two", timeout_s=3)],
+            [{"text": "continued"}],
+            [{"text": "read the late answer"}],
+        )
+        async with tree.worker():
+            await h.client.prompt(sid, "Delegate")
+
+            async def both_streaming() -> bool:
+                kids = await store.sessions.list(parent_id=sid)
+                return len(kids) == 2 and all([await busy(h, k.id) for k in kids])
+
+            await h.until(both_streaming, timeout=30)
+            kids = {c.agent: c.id for c in await store.sessions.list(parent_id=sid)}
+            await h.client._handle(sid).terminate("simulated loss of the parent's drain")
+            h.open_gate("one")
+            await h.until(lambda: idle_with(h, kids["one"], "succeeded"), timeout=30)
+            await h.until(lambda: _expired(store, sid), timeout=30)
+            assert sid in (await sweep(h, temporal_env)).woken
+            await h.until(lambda: len(h.requests()) == 2, timeout=30)
+            await h.client.wait_idle(sid, timeout=30)
+            settled = results(await store.sessions.messages(sid))
+            assert settled["t1"] == ("completed", settled["t1"][1])
+            assert "one answer" in settled["t1"][1]
+            assert settled["t2"][0] == "error"
+            assert f"subagent (task_id {kids['two']}) runs on" in settled["t2"][1]
+            h.open_gate("two")
+            await h.until(lambda: len(h.requests()) == 3, timeout=30)
+            await h.client.wait_idle(sid, timeout=30)
+            assert "two answer" in json.dumps(h.requests()[2]["messages"][-1])
+        assert sorted(c.id for c in await store.sessions.list(parent_id=sid)) == sorted(
+            kids.values()
+        )
+        for cid in kids.values():
+            types = await h.types(cid)
+            assert types.count("session.execution.started") == 1
+            assert len(h.requests(f"{'one' if cid == kids['one'] else 'two'}.json")) == 1
+        await check_store(store)
+
+
+async def idle_with(h: Harness, sid: str, outcome: str) -> bool:
+    ended = [t for t in await h.types(sid) if t.startswith("session.execution.")]
+    return bool(ended) and ended[-1] == f"session.execution.{outcome}"
+
+
+async def _expired(store: Store, sid: str) -> bool:
+    return sid in await store.claims.expired(phases=("unknown", "continue"))
