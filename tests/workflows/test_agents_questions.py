@@ -112,7 +112,7 @@ async def test_an_agents_rules_and_step_limit_apply(hr: Harness) -> None:
 
 
 async def test_an_unknown_agent_is_an_error_at_the_edge(h: Harness) -> None:
-    with pytest.raises(UnknownAgentError, match="build, plan"):
+    with pytest.raises(UnknownAgentError, match="build, explore, general, plan"):
         await h.session([{"text": "x"}], agent="nobody")
     sid = await h.session([{"text": "x"}])
     with pytest.raises(UnknownAgentError):

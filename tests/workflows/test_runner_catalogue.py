@@ -176,7 +176,8 @@ async def test_03_one_request_with_registry_tools_from_chronological_user_histor
     assert (await resume(h, sid, "First", "Second")).type == "succeeded"
     requests = h.requests()
     assert len(requests) == 1
-    assert [t["name"] for t in requests[0]["tools"]] == registry(Gate()).names()
+    # The registry's tools, and ``task``: the built-in agents include subagents.
+    assert [t["name"] for t in requests[0]["tools"]] == [*registry(Gate()).names(), "task"]
     assert requests[0]["tool_choice"] is None
     assert [(m["role"], m["content"]) for m in requests[0]["messages"]] == [
         ("user", [{"type": "text", "text": "First"}]),

@@ -80,6 +80,14 @@ function card(messageId, callId, name) {
   return node;
 }
 
+// A task call's child session: a link to its own page, under the call.
+function childLink(node, sessionId, agent) {
+  if (node.querySelector("a.child")) return;
+  const link = el("a", "child", `${agent || "subagent"} session ${sessionId}`);
+  link.href = `/view/${encodeURIComponent(sessionId)}`;
+  node.append(link);
+}
+
 // A call waiting for a person is not running: it shows what it waits for, and no clock.
 const WAITING = { permission: "waiting for approval", question: "waiting for an answer" };
 
@@ -207,12 +215,18 @@ const handlers = {
     setCard(node, d.executed ? "completed" : "running", e.created);
   },
   "session.tool.progress": (d) => {
-    const output = card(d.assistant_message_id, d.call_id).querySelector(".output");
+    const node = card(d.assistant_message_id, d.call_id);
+    const output = node.querySelector(".output");
     output.textContent = contentText(d.content) || output.textContent;
+    const child = d.structured && d.structured.child;
+    if (child) childLink(node, child.session_id, child.agent);
   },
   "session.tool.success": (d, e) => {
     const node = card(d.assistant_message_id, d.call_id);
     node.querySelector(".output").textContent = d.output ?? contentText(d.content);
+    if (d.structured && d.structured.task_id) {
+      childLink(node, d.structured.task_id, d.structured.agent);
+    }
     setCard(node, "completed", e.created);
   },
   "session.tool.failed": (d, e) => {

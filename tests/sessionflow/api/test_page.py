@@ -10,15 +10,19 @@ import asyncio
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
+from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.api.config import ApiSettings
 from sessionflow.api.serve import listen, running_api
+from store import Store
 from tests.sessionflow.api.conftest import Api
-from tests.workflows.harness import call
+from tests.workflows.harness import call, harness
+from tests.workflows.test_subagents import Tree, task
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -249,3 +253,37 @@ async def refusing(port: int) -> AsyncIterator[asyncio.Event]:
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_a_task_call_links_to_its_child_session(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path, browser: Browser
+) -> None:
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        tree = Tree(h)
+        streamed = {"text": "Child streaming.", "chunks": 2}
+        gate = {"wait_for_file": h.gate_file("child")}
+        tree.subagent("helper", [streamed, gate, {"text": " And the helper's answer."}])
+        sid = await h.session([task("t1", "helper")], [{"text": "parent done"}])
+        async with tree.worker(), running_api(h.client, ApiSettings(port=0)) as url:
+            page = await browser.new_page()
+            try:
+                await page.goto(f"{url}/view/{sid}")
+                await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+                await h.client.prompt(sid, "Delegate")
+                link = page.locator('.tool[data-call="t1"] a.child')
+                await expect(link).to_have_count(1)
+                (child,) = await h.client.children(sid)
+                await expect(link).to_have_attribute("href", f"/view/{child.id}")
+                await expect(link).to_have_text(f"helper session {child.id}")
+                await link.click()
+                await expect(page).to_have_url(f"{url}/view/{child.id}")
+                await expect(page.locator(".text").first).to_contain_text("Child streaming.")
+                h.open_gate("child")
+                await page.goto(f"{url}/view/{sid}")
+                done = page.locator('.tool[data-call="t1"]')
+                await expect(done).to_have_attribute("data-state", "completed")
+                await expect(done.locator(".output")).to_contain_text("And the helper's answer.")
+                await expect(done.locator("a.child")).to_have_count(1)
+            finally:
+                await page.close()
