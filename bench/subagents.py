@@ -170,21 +170,19 @@ async def report(
         delegated.append(await round_trip(client, store, workspace, parent))
     ratio = statistics.median(delegated) / statistics.median(alone)
     print(f"1. task round trip over {rounds} runs (ms, median / p95):")
-    print(
-        f"   top-level session, prompt -> terminal:  {statistics.median(alone):7.1f} / {p95(alone):7.1f}"
-    )
-    print(
-        f"   task, child created -> result settled:  {statistics.median(delegated):7.1f} / {p95(delegated):7.1f}"
-    )
+    for label, values in (
+        ("top-level session, prompt -> terminal", alone),
+        ("task, child created -> result settled", delegated),
+    ):
+        print(f"   {label}:  {statistics.median(values):7.1f} / {p95(values):7.1f}")
     verdict = "met" if ratio <= TARGET else "NOT met"
     print(f"   ratio {ratio:.2f}x (target <= {TARGET}x: {verdict})")
     flat = script(root, "flat", tasks(10, "echo"), [{"text": "done"}])
     deep = script(root, "deep", tasks(10, "mid"), [{"text": "done"}])
     _, flat_history, _, _ = await tree(client, workspace, flat, temporal)
     wall, deep_history, kids, grandchildren = await tree(client, workspace, deep, temporal)
-    print(
-        f"2. tree of 1 x {kids} x {grandchildren // max(1, kids)} ({1 + kids + grandchildren} sessions):"
-    )
+    shape = f"1 x {kids} x {grandchildren // max(1, kids)}"
+    print(f"2. tree of {shape} ({1 + kids + grandchildren} sessions):")
     print(f"   wall {wall:.2f} s; the parent's history: {deep_history} events")
     print(f"   (a parent of {kids} children without grandchildren: {flat_history} events)")
 
