@@ -32,7 +32,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities.children import ChildActivities
 from activities.compact import CompactionActivities
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
@@ -169,7 +168,6 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         turn.stream_turn,
         CompactionActivities(runtime).compact,
         tools.run_tool,
-        ChildActivities(runtime, task_queue=task_queue).report_to_parent,
     ]
 
 

@@ -2,19 +2,21 @@
 
 ``start`` checks the call (the subagent exists and is one, no recursion, the depth bound),
 creates the child session (its id comes from the call, so a retried attempt finds the child
-the first one made), admits the prompt (its id comes from the call too) and records the link
-on the call (``session.tool.progress`` naming the child) in one fenced transaction that also
-holds the parent's claim: the parent's workflow then starts the child's workflow and waits
-for it holding nothing (``workflows/children.py``), as a permission ask waits. A background
-call is settled at once with the child's id instead.
+the first one made), admits the prompt (its id comes from the call too), records the link on
+the call (``session.tool.progress`` naming the child) in a fenced transaction that also holds
+the parent's claim, and starts the child's drain (signal-with-start ``wake``, idempotent). The
+parent's workflow then waits for it holding nothing (``workflows/children.py``), as a
+permission ask waits. A background call is settled at once with the child's id instead.
 
-``collect`` settles the call once the child's busy period ended: its final answer, or its
-error; the answer of the last waiting call hands the claim back to its ordinary lease. Results
-travel through the store (the child's messages) and a signal (``child_finished``, which only
-says that and how it ended), so either side may restart.
+``collect`` settles the call once the child's busy period that took the call's prompt ended,
+as the store says (``answered``): its final answer, or its error; the answer of the last
+waiting call hands the claim back to its ordinary lease. The ``child_finished`` signal only
+says when to look, so either side may restart, and a lost parent step closes its task calls
+from the store too (``closing_of_task``).
 
-``ChildActivities.report_to_parent`` is the background child's side: its result becomes a
-message of the parent (once per child) and wakes it.
+``report`` is the child's side, run by ``finish_execution`` with the child's terminal: the
+signal, or, when no call can wait for it, the result as a message of the parent (once per
+child), which wakes it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSear
 from temporalio.service import RPCError
 
 from activities.gate import HOLD_MS, still_waiting
-from activities.runtime import Runtime, through_outages, translated
+from activities.runtime import through_outages
 from activities.tools.base import ToolOutput
 from activities.tools.task import (
     Task,
@@ -136,6 +138,9 @@ class ChildCalls:
             if done is not None:
                 return await self._collect(wait, done)
         await self._link(wait)
+        await start_drain(child.id, WakeSignal(input_id=prompt_id), child_summary(wait))
+        if wait.background:  # settled with the child's id by ``_link``
+            return ToolOutcome(call_id=self.run.call_id, status="completed", child=wait)
         return ToolOutcome(call_id=self.run.call_id, status="child", child=wait)
 
     def _subagent(self, tool: Task, task: TaskInput) -> tuple[Agent | None, str | None]:
@@ -290,7 +295,7 @@ async def closing_of_task(
 ) -> ev.Event | None:
     """How a lost step closes its ``task`` call that waits on a child (None for any other
     call): with the child's result when the child has answered, else failed saying that the
-    child runs on, whose result then arrives as a message (``report_to_parent`` finds the
+    child runs on, whose result then arrives as a message (``report`` finds the
     call closed). Never a plain stale error: the model would start the work again."""
     linked = (getattr(part.state, "structured", None) or {}).get("child")
     if part.name != Task.name or not linked:
@@ -356,69 +361,69 @@ def _text_output(text: str, structured: dict[str, Any]) -> ToolOutput:
     return ToolOutput.text(text, **structured)
 
 
-class ChildActivities:
-    """The child's side: its busy period ended, tell its parent."""
+async def start_drain(session_id: str, wake: WakeSignal, summary: str) -> None:
+    """Start (or wake) a session's drain from an activity, as the client does: signal-with-
+    start ``wake``, on the task queue this activity runs on."""
+    await activity.client().start_workflow(
+        "SessionWorkflow",
+        DrainInput(session_id=session_id),
+        id=workflow_id(session_id),
+        task_queue=activity.info().task_queue,
+        start_signal="wake",
+        start_signal_args=[wake],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(_SESSION_ID, session_id)]),
+        static_summary=summary[:200],
+    )
 
-    def __init__(self, runtime: Runtime, *, task_queue: str) -> None:
-        self.rt = runtime
-        self.task_queue = task_queue
 
-    @activity.defn
-    async def report_to_parent(self, request: ReportInput) -> None:
-        """Signal ``child_finished`` to the parent's drain, a hint for the call that waits
-        (it reads the result from the store). When no call can wait for the result (a
-        background task, or a call its parent's recovery closed while the child ran on),
-        the result becomes a message of the parent instead (once per child) and wakes it,
-        idle or not."""
-        parent = request.parent
-        client = activity.client()
-        finished = ChildFinished(
-            child_session_id=request.child_session_id,
-            outcome=request.outcome,
-            error=request.error,
+def child_summary(wait: ChildWait) -> str:
+    """What the Temporal UI says of a child's drain: its agent, its parent, its task."""
+    return f"{wait.agent} subagent of {wait.parent_id}: {wait.description}"
+
+
+async def report(store: Any, request: ReportInput) -> None:
+    """A child's busy period ended (its terminal is written): signal ``child_finished`` to
+    the parent's drain, a hint for the call that waits (it reads the result from the store).
+    When no call can wait for the result (a background task, or a call its parent's recovery
+    closed while the child ran on), the result becomes a message of the parent instead (once
+    per child) and wakes it, idle or not."""
+    parent = request.parent
+    finished = ChildFinished(
+        child_session_id=request.child_session_id, outcome=request.outcome, error=request.error
+    )
+    try:
+        handle = activity.client().get_workflow_handle(workflow_id(parent.session_id))
+        await handle.signal("child_finished", finished)
+    except RPCError as gone:  # no drain runs: the parent's recovery reads the store
+        activity.logger.info("Parent %s not signalled: %s", parent.session_id, gone)
+    if not (parent.background or await _closed_without_result(store, parent)):
+        return
+    input_id = background_result_id(request.child_session_id)
+    if await store.inputs.get(input_id) is None:
+        text = await _result_message(store, request)
+        await store.inputs.admit(
+            parent.session_id, Prompt(text=text), input_id=input_id, delivery="queue"
         )
-        try:
-            await client.get_workflow_handle(workflow_id(parent.session_id)).signal(
-                "child_finished", finished
-            )
-        except RPCError as gone:  # no drain runs: its recovery reads the store
-            activity.logger.info("Parent %s not signalled: %s", parent.session_id, gone)
-        async with translated():
-            if not (parent.background or await self._closed_without_result(parent)):
-                return
-            input_id = background_result_id(request.child_session_id)
-            if await self.rt.store.inputs.get(input_id) is None:
-                text = await self._result(request)
-                await self.rt.store.inputs.admit(
-                    parent.session_id, Prompt(text=text), input_id=input_id, delivery="queue"
-                )
-        await client.start_workflow(
-            "SessionWorkflow",
-            DrainInput(session_id=parent.session_id),
-            id=workflow_id(parent.session_id),
-            task_queue=self.task_queue,
-            start_signal="wake",
-            start_signal_args=[WakeSignal(input_id=input_id)],
-            search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(_SESSION_ID, parent.session_id)]
-            ),
-            static_summary=f"session {parent.session_id}",
-        )
+    await start_drain(
+        parent.session_id, WakeSignal(input_id=input_id), f"session {parent.session_id}"
+    )
 
-    async def _closed_without_result(self, parent: ParentCall) -> bool:
-        _, stored = await self.rt.store.sessions.tool_call(
-            parent.session_id, parent.assistant_message_id, parent.call_id
-        )
-        state = stored.part.state if stored is not None else None
-        return isinstance(state, ToolError) and state.error.type == "tool.stale"
 
-    async def _result(self, request: ReportInput) -> str:
-        child_id = request.child_session_id
-        child = await self.rt.store.sessions.get(child_id)
-        description = (child.settings.get("task") or {}).get("description") or "no description"
-        head = f"The task {child_id} ({description})"
-        if request.outcome == "succeeded":
-            answer = await final_answer(self.rt.store, child_id)
-            return f"{head} finished.\n\n{answer_text(child_id, answer)}"
-        why = request.error or request.outcome
-        return f"{head} did not finish ({request.outcome}): {why}"
+async def _closed_without_result(store: Any, parent: ParentCall) -> bool:
+    _, stored = await store.sessions.tool_call(
+        parent.session_id, parent.assistant_message_id, parent.call_id
+    )
+    state = stored.part.state if stored is not None else None
+    return isinstance(state, ToolError) and state.error.type == "tool.stale"
+
+
+async def _result_message(store: Any, request: ReportInput) -> str:
+    child_id = request.child_session_id
+    child = await store.sessions.get(child_id)
+    description = (child.settings.get("task") or {}).get("description") or "no description"
+    head = f"The task {child_id} ({description})"
+    if request.outcome == "succeeded":
+        answer = await final_answer(store, child_id)
+        return f"{head} finished.\n\n{answer_text(child_id, answer)}"
+    why = request.error or request.outcome
+    return f"{head} did not finish ({request.outcome}): {why}"

@@ -158,26 +158,39 @@ async def heartbeating(store: Store, claim: ClaimRef) -> AsyncIterator[None]:
     task = asyncio.current_task()
     lost: list[ClaimLostError] = []
 
+    async def renew() -> None:
+        try:
+            await store.claims.renew(to_claim(claim))
+        except ClaimLostError as error:
+            lost.append(error)
+            assert task is not None
+            task.cancel()
+        except Exception as error:
+            # A blip (connection reset, a busy database): try again at the next beat; the
+            # lease outlasts several renewals, and a lost one is fatal above.
+            log.warning("Claim renewal failed, retrying: %s", error)
+            raise
+
     async def beat() -> None:
+        """Heartbeats never wait for a renewal: one stuck behind a busy pool or a locked
+        claim row must not cost the activity its heartbeat timeout."""
         renew_every = claim.lease_ms / 3000
         last_renew = time.monotonic()
-        while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
-            activity.heartbeat()
-            if time.monotonic() - last_renew >= renew_every:
-                try:
-                    await store.claims.renew(to_claim(claim))
-                except ClaimLostError as error:
-                    lost.append(error)
-                    assert task is not None
-                    task.cancel()
-                    return
-                except Exception as error:
-                    # A blip (connection reset, a busy database): keep heartbeating and try
-                    # again; the lease outlasts several renewals, and a lost one is fatal above.
-                    log.warning("Claim renewal failed, retrying: %s", error)
-                    continue
-                last_renew = time.monotonic()
+        renewing: asyncio.Task[None] | None = None
+        try:
+            while not lost:
+                await asyncio.sleep(HEARTBEAT_SECONDS)
+                activity.heartbeat()
+                if renewing is not None and renewing.done():
+                    if not renewing.cancelled() and renewing.exception() is None:
+                        last_renew = time.monotonic()
+                    renewing = None
+                due = time.monotonic() - last_renew >= renew_every
+                if due and renewing is None:
+                    renewing = asyncio.create_task(renew())
+        finally:
+            if renewing is not None:
+                renewing.cancel()
 
     beater = asyncio.create_task(beat())
     try:

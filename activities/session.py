@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 from temporalio import activity
 
-from activities.children import closing_of_task, parent_call
+from activities.children import closing_of_task, parent_call, report
 from activities.restart import (
     BUDGET_MESSAGE,
     LOST_STEP,
@@ -40,6 +40,7 @@ from sessionflow.models.drain import (
     PrepareInput,
     PrepareResult,
     Promotion,
+    ReportInput,
 )
 from sessionflow.models.messages import (
     AssistantMessage,
@@ -121,6 +122,15 @@ class SessionActivities:
             await self.store.finish_execution(
                 to_claim(claim), event, terminal_id, release=not request.keep_claim
             )
+            if request.parent is not None:
+                why = outcome.error.message[:1000] if outcome.error else outcome.reason
+                told = ReportInput(
+                    parent=request.parent,
+                    child_session_id=claim.session_id,
+                    outcome=outcome.type,
+                    error=why,
+                )
+                await report(self.store, told)
 
     @activity.defn
     async def claim_and_prepare(self, request: ClaimAndPrepareInput) -> ClaimAndPrepareResult:

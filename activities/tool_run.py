@@ -18,16 +18,16 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio import activity
 
-from activities.children import ChildCalls
+from activities.children import ChildCalls, child_summary, start_drain
 from activities.gate import Gate
 from activities.runtime import Runtime, heartbeating, through_outages, to_claim, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
-from activities.tools.task import Task
+from activities.tools.task import Task, prompt_input_id
 from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, TextContent
-from sessionflow.models.drain import ChildWait, ToolInput, ToolOutcome
+from sessionflow.models.drain import ChildWait, ToolInput, ToolOutcome, WakeSignal
 from sessionflow.models.messages import ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.sessions import SessionInfo, StoredPart
@@ -67,7 +67,8 @@ class ToolActivities:
                 raise ValueError(f"Tool call {request.call_id} was never recorded as called")
             part = stored.part
             if isinstance(part.state, ToolCompleted | ToolError):
-                return _started_in_background(part, claim.session_id) or _outcome(part)
+                await _start_in_background(part, claim.session_id, request.assistant_message_id)
+                return _outcome(part)
             try:
                 tool = await self.rt.tool_for(session, request.name)
             except ToolFailure as unavailable:  # an MCP server that cannot start
@@ -86,7 +87,9 @@ class ToolActivities:
             if stopped is not None:
                 return stopped
             if isinstance(tool, Task):
-                await self._take_call(claim, run, tool)
+                # Never taken: every step of a start is idempotent, and the call's collect is
+                # a new activity whose attempts count from 1 again (a start at attempt 2 that
+                # took the call would fence out the collect that settles it).
                 return await ChildCalls(self, session, claim, run).start(tool, part, None)
             if await self._take_call(claim, run, tool):
                 return await self._settle(claim, run, error=_outcome_unknown(request.name))
@@ -259,16 +262,13 @@ def _outcome(part: ToolPart) -> ToolOutcome:
     return ToolOutcome(call_id=part.call_id, status="completed")
 
 
-def _started_in_background(part: ToolPart, session_id: str) -> ToolOutcome | None:
-    """A background ``task`` call settled at its start: its child still needs its workflow
-    started (the attempt that settled it lost its answer)."""
+async def _start_in_background(part: ToolPart, session_id: str, message_id: str) -> None:
+    """A background ``task`` call settled at its start: start its child's drain again, in
+    case the attempt that settled it died before it did (a wake is idempotent)."""
     structured = part.state.structured if isinstance(part.state, ToolCompleted) else {}
-    if part.name != "task" or not structured.get("background"):
-        return None
-    child = ChildWait(
-        session_id=structured["task_id"],
-        agent=structured.get("agent", ""),
-        background=True,
-        parent_id=session_id,
-    )
-    return ToolOutcome(call_id=part.call_id, status="child", child=child)
+    if part.name != Task.name or not structured.get("background"):
+        return
+    child_id = structured["task_id"]
+    wait = ChildWait(session_id=child_id, agent=structured.get("agent", ""), parent_id=session_id)
+    prompt_id = prompt_input_id(child_id, message_id, part.call_id)
+    await start_drain(child_id, WakeSignal(input_id=prompt_id), child_summary(wait))

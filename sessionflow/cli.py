@@ -525,6 +525,40 @@ def children(session: str = typer.Argument(..., help="Session id"), as_json: boo
 
 
 @app.command()
+def usage(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
+    """Tokens and cost: the session's own, each subagent's below it, and the tree's total."""
+    from pydantic import TypeAdapter
+
+    from sessionflow.client import Usage
+
+    async def work() -> Any:
+        async with session_client() as client:
+            return await client.usage(session)
+
+    spent = run(work)
+    if as_json:
+        value = TypeAdapter(Usage).dump_python(spent, mode="json")
+        print(json.dumps(value, ensure_ascii=False), flush=True)
+        return
+
+    def lines(node: Any, indent: str) -> list[str]:
+        t = node.own_tokens
+        line = f"{indent}{node.session_id}  @{node.agent or 'default'}  in {t.input} · out "
+        line += f"{t.output} · cache read {t.cache.read} · ${node.own_cost:.4f}"
+        return [line, *(x for child in node.children for x in lines(child, indent + "  "))]
+
+    out = console()
+    for line in lines(spent, ""):
+        out.print(line, highlight=False)
+    total = spent.total_tokens
+    out.print(
+        f"total  in {total.input} · out {total.output} · cache read {total.cache.read} · "
+        f"${spent.total_cost:.4f}",
+        highlight=False,
+    )
+
+
+@app.command()
 def jobs(session: str = typer.Argument(..., help="Session id"), as_json: bool = JSON) -> None:
     """Its background tasks: each child session, running or how its last busy period ended.
     Interrupting the session cancels those still running."""

@@ -49,7 +49,14 @@ from sessionflow.errors import (
 )
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
-from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
+from sessionflow.models.common import (
+    CacheTokens,
+    CompactionSettings,
+    Delivery,
+    ModelRef,
+    Prompt,
+    Tokens,
+)
 from sessionflow.models.drain import (
     SESSION_ID_SEARCH_ATTRIBUTE,
     TASK_QUEUE,
@@ -167,6 +174,30 @@ class SessionStatus:
         if self.busy or self.waiting_for_worker or (self.drain and self.drain.pending_wake):
             return False
         return not (self.drain is not None and self.pending_inputs)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a session spent, and its subagents below it: ``own`` is the session's alone,
+    ``total`` includes every descendant's."""
+
+    session_id: str
+    agent: str | None
+    own_tokens: Tokens
+    own_cost: float
+    total_tokens: Tokens
+    total_cost: float
+    children: tuple[Usage, ...] = ()
+
+
+def _add(a: Tokens, b: Tokens) -> Tokens:
+    cache = CacheTokens(read=a.cache.read + b.cache.read, write=a.cache.write + b.cache.write)
+    return Tokens(
+        input=a.input + b.input,
+        output=a.output + b.output,
+        reasoning=a.reasoning + b.reasoning,
+        cache=cache,
+    )
 
 
 @dataclass(frozen=True)
@@ -335,6 +366,15 @@ class SessionClient:
             running = (await self.status(child.id)).busy
             jobs.append(Job(child, running, terminal))
         return jobs
+
+    async def usage(self, session_id: str) -> Usage:
+        """The session's tokens and cost, each child's (theirs inside), and the tree's total."""
+        info = await self.store.sessions.get(session_id)
+        below = tuple([await self.usage(child.id) for child in await self.children(info.id)])
+        tokens, cost = info.tokens, info.cost
+        for child in below:
+            tokens, cost = _add(tokens, child.total_tokens), cost + child.total_cost
+        return Usage(info.id, info.agent, info.tokens, info.cost, tokens, cost, below)
 
     async def _last_terminal(self, session_id: str) -> str | None:
         ended = [

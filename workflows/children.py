@@ -1,15 +1,15 @@
 """Child sessions, as the parent's workflow sees them (DESIGN "Children, hosts, spend, rewind").
 
-A ``task`` call's ``run_tool`` creates the child session and returns "child"; the parent's
-workflow then starts the child's own ``SessionWorkflow`` (a Temporal child workflow, so the UI
-links them, abandoned on the parent's close: the child's life is its own) and waits here on a
-workflow condition, as ``approvals.py`` waits for a person: no activity, no heartbeat, no
+A ``task`` call's ``run_tool`` creates the child session, admits its prompt and starts the
+child's own ``SessionWorkflow`` (signal-with-start, as a client does: its summary names the
+parent and the task), then returns "child"; the parent's workflow waits here on a workflow
+condition, as ``approvals.py`` waits for a person: no activity, no heartbeat, no
 ``max_active_tools`` slot, nothing a restarted worker could lose. The child's busy period ends
-with the ``child_finished`` signal (its result is in the store); the call then runs again and
-settles with it. A wait past the call's ``timeout_s`` interrupts the child and fails only its
-own call. Interrupting the parent interrupts every child it waits on and waits (a bounded
-while) for each to settle, so nothing of the tree runs on after the parent's step settled.
-Pure workflow code: no I/O.
+with the ``child_finished`` signal, a hint: the call then runs again and settles with what the
+store says the child answered. A wait past the call's ``timeout_s`` interrupts the child and
+fails only its own call. Interrupting the parent interrupts every child it waits on and its
+background tasks, and waits (a bounded while) for those it waits on to settle, so nothing of
+the tree runs on after the parent's step settled. Pure workflow code: no I/O.
 """
 
 from __future__ import annotations
@@ -19,35 +19,30 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.drain import (
-        SESSION_ID_SEARCH_ATTRIBUTE,
         ChildFinished,
         ChildWait,
-        DrainInput,
         InterruptRequest,
-        WakeSignal,
         workflow_id,
     )
 
 # How long an interrupted parent waits for its children to settle before it settles itself.
 SETTLE_CHILDREN = timedelta(seconds=60)
-_SESSION_ID = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 
 
 class Children:
     def __init__(self) -> None:
-        # Children this run started and has not heard from (by child session id).
+        # Children this run's calls wait on, and its background tasks still running.
         self.active: dict[str, ChildWait] = {}
+        self.background: dict[str, ChildWait] = {}
         self.finished: dict[str, ChildFinished] = {}
         # The step's ``task`` calls in flight, for the fan-out bound.
         self.calls: set[tuple[str, str]] = set()
 
     def waiting(self) -> tuple[ChildWait, ...]:
-        return tuple(w for w in self.active.values() if not w.background)
+        return tuple(self.active.values())
 
     def take(self, finished: ChildFinished) -> None:
         """The ``child_finished`` signal, kept for whichever call of the child waits now or
@@ -55,15 +50,13 @@ class Children:
         settlement reads from the store whether its own prompt was answered, and waits on
         when it was not."""
         self.finished[finished.child_session_id] = finished
+        self.background.pop(finished.child_session_id, None)
 
-    async def run(self, wait: ChildWait, stopping: Callable[[], bool]) -> ChildFinished | None:
-        """Start the child; for a foreground call, its outcome once it ended (or timed out).
-        Cancelled once ``stopping`` holds."""
+    async def run(self, wait: ChildWait, stopping: Callable[[], bool]) -> ChildFinished:
+        """Wait for the child ``run_tool`` started: its outcome once it ended (or timed
+        out). Cancelled once ``stopping`` holds."""
         cid = wait.session_id
         self.active[cid] = wait
-        await self._start(wait)
-        if wait.background:
-            return None
         timeout = timedelta(seconds=wait.timeout_s) if wait.timeout_s else None
         try:
             await workflow.wait_condition(
@@ -78,30 +71,12 @@ class Children:
         self.active.pop(cid, None)
         return self.finished.pop(cid)
 
-    async def _start(self, wait: ChildWait) -> None:
-        cid = wait.session_id
-        summary = f"{wait.agent} subagent of {wait.parent_id}: {wait.description}"[:200]
-        try:
-            await workflow.start_child_workflow(
-                "SessionWorkflow",
-                DrainInput(session_id=cid, pending_wake=True),
-                id=workflow_id(cid),
-                task_queue=workflow.info().task_queue,
-                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-                search_attributes=TypedSearchAttributes([SearchAttributePair(_SESSION_ID, cid)]),
-                static_summary=summary,
-            )
-        except WorkflowAlreadyStartedError:
-            # Its drain runs already (a follow-up of a busy child): the prompt waits in its store.
-            await workflow.get_external_workflow_handle(workflow_id(cid)).signal(
-                "wake", WakeSignal()
-            )
-
     async def stop_all(self, reason: str) -> None:
         """The parent is interrupted: interrupt every child, then wait (bounded) until those
         it waits on have settled."""
-        await asyncio.gather(*(_interrupt(cid, reason) for cid in self.active))
-        waited = [cid for cid, w in self.active.items() if not w.background]
+        everyone = [*self.active, *self.background]
+        await asyncio.gather(*(_interrupt(cid, reason) for cid in everyone))
+        waited = list(self.active)
         try:
             await workflow.wait_condition(
                 lambda: all(cid in self.finished for cid in waited), timeout=SETTLE_CHILDREN
@@ -109,6 +84,7 @@ class Children:
         except TimeoutError:
             workflow.logger.warning("Children still running after the interrupt: %s", waited)
         self.active.clear()
+        self.background.clear()
         self.finished.clear()
         self.calls.clear()
 

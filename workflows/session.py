@@ -52,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
         PrepareInput,
         PrepareResult,
         Promotion,
-        ReportInput,
         ResumeRequest,
         RunningTool,
         ToolInput,
@@ -154,11 +153,6 @@ COMPACT = Options(
     ),
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-)
-# A child's end told to its parent (a signal, or a message admitted once): retried freely.
-REPORT = Options(
-    timedelta(seconds=60),
-    RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=10),
 )
 TOOL = Options(
     timedelta(hours=2),
@@ -433,8 +427,8 @@ class SessionWorkflow:
         self.phase = "settling"
         if self.claim is not None:
             outcome = Outcome(**{**outcome.model_dump(), "execution_id": self.claim.execution_id})
-            await self._finish_execution(self.claim, outcome)
-            await self._report_to_parent(outcome)
+            parent, self.parent = self.parent, None  # told once, with the terminal
+            await self._finish_execution(self.claim, outcome, parent)
         self.outcomes[period] = outcome
         for old in [p for p in self.outcomes if p < period - 20]:
             del self.outcomes[old]
@@ -473,24 +467,12 @@ class SessionWorkflow:
         self._check_stopping()  # a held claim is not worth waiting for once interrupted
         return await call("acquire_claim", request, ClaimRef, "claim session", CLAIM)
 
-    async def _report_to_parent(self, outcome: Outcome) -> None:
-        """A child's busy period ended: tell the parent, whose call waits for it (or, for a
-        background call, whose next turn reads it as a message)."""
-        parent, self.parent = self.parent, None
-        if parent is None:
-            return
-        error = outcome.error.message[:1000] if outcome.error else outcome.reason
-        report = ReportInput(
-            parent=parent, child_session_id=self.session_id, outcome=outcome.type, error=error
-        )
+    async def _finish_execution(
+        self, claim: ClaimRef, outcome: Outcome, parent: ParentCall | None = None
+    ) -> None:
+        """The terminal event; a child's also tells its parent (in the same activity)."""
         try:
-            await call("report_to_parent", report, type(None), "report to parent", REPORT)
-        except ActivityError as failed:
-            workflow.logger.warning("Result not reported to the parent: %s", failed)
-
-    async def _finish_execution(self, claim: ClaimRef, outcome: Outcome) -> None:
-        try:
-            request = FinishExecutionInput(claim=claim, outcome=outcome)
+            request = FinishExecutionInput(claim=claim, outcome=outcome, parent=parent)
             await call("finish_execution", request, type(None), f"execution {outcome.type}", SHORT)
         except ActivityError as error:
             # The claim was lost to another execution: it owns the session and its terminal.
@@ -770,6 +752,8 @@ class SessionWorkflow:
         ``task`` call waits for its child session the same way."""
         try:
             outcome = await self._run_tool_once(request)
+            if outcome.child is not None and outcome.child.background:
+                self.children.background[outcome.child.session_id] = outcome.child
             while outcome.status in ("ask", "child"):
                 if outcome.child is not None:
                     outcome = await self._wait_for_child(request, outcome)
@@ -792,8 +776,6 @@ class SessionWorkflow:
         self._show_details()
         finished = await self.children.run(outcome.child, lambda: self.stopping)
         self._show_details()
-        if finished is None:  # a background call: settled with the child's id already
-            return ToolOutcome(call_id=request.call_id, status="completed")
         return await self._run_tool_once(request.model_copy(update={"child": finished}))
 
     async def _run_tool_once(self, request: ToolInput) -> ToolOutcome:

@@ -99,7 +99,7 @@ class ChildFinished(Model):
 
 
 class ReportInput(Model):
-    """A background child's busy period ended: tell its parent."""
+    """A child's busy period ended: tell its parent."""
 
     parent: ParentCall
     child_session_id: str
@@ -326,6 +326,9 @@ class FinishExecutionInput(Model):
     claim: ClaimRef
     outcome: Outcome
     keep_claim: bool = False
+    # A child session's busy period: the parent's call it answers, told once the terminal is
+    # written (``activities/children.py::report``).
+    parent: ParentCall | None = None
 
 
 # --- recovery sweep -----------------------------------------------------------------------------

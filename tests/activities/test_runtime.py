@@ -1,11 +1,17 @@
-"""``through_outages``: the retry that lets a tool's result outlast a database outage (C4)."""
+"""``through_outages``: the retry that lets a tool's result outlast a database outage (C4);
+``heartbeating``: heartbeats that never wait for a claim renewal."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from types import SimpleNamespace
 
-from activities.runtime import through_outages
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.runtime import heartbeating, through_outages
 from sessionflow.errors import StoreUnavailableError
+from sessionflow.models.drain import ClaimRef
 
 
 async def test_a_write_refused_while_the_database_is_down_goes_in_once_it_is_back() -> None:
@@ -41,3 +47,40 @@ async def test_an_outage_longer_than_the_bound_is_raised_and_other_errors_at_onc
     with pytest.raises(ValueError):
         await through_outages(broken, within_ms=10_000)
     assert tries.count("broken") == 1
+
+
+class _StuckClaims:
+    """A store whose claim renewal waits until released (a busy pool, a locked claim row)."""
+
+    def __init__(self) -> None:
+        self.renewing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def renew(self, _claim: object) -> None:
+        self.renewing.set()
+        await self.release.wait()
+
+
+async def test_heartbeats_go_on_while_a_claim_renewal_is_stuck() -> None:
+    """A renewal stuck behind the database must not stop the heartbeats: the activity would
+    time out (and its call run again) while its claim is in fact fine."""
+    claims = _StuckClaims()
+    store = SimpleNamespace(claims=claims)
+    claim = ClaimRef(session_id="ses_a", execution_id="x", owner_id="o", epoch=1, lease_ms=300)
+    beats: list[object] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    enough = asyncio.Event()
+
+    async def work() -> int:
+        async with heartbeating(store, claim):  # type: ignore[arg-type]
+            await claims.renewing.wait()
+            seen = len(beats)
+            while len(beats) < seen + 3:  # three more beats while the renewal waits
+                await asyncio.sleep(0.05)
+            enough.set()
+            claims.release.set()
+            return len(beats)
+
+    assert await asyncio.wait_for(env.run(work), 60) >= 4
+    assert enough.is_set()

@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import Target
 from tests.workflows.harness import Harness, harness
+from tests.workflows.test_subagents import Tree, busy, task
 
 ROOT = Path(__file__).parents[2]
 
@@ -956,3 +957,52 @@ async def test_dev_in_one_directory_and_the_cli_in_an_unrelated_one_share_one_st
         dev.send_signal(signal.SIGINT)
         await asyncio.to_thread(dev.wait, 30)
     assert locate.running(address, queue) == []  # the record left with dev
+
+
+async def test_children_jobs_and_the_status_of_a_tree(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with cli_on(temporal_env, tmp_path, start_worker=False) as (run, h):
+        tree = Tree(h)
+        tree.subagent("fg", [{"wait_for_file": h.gate_file("fg")}, {"text": "fg answer"}])
+        tree.subagent("bg", [{"wait_for_file": h.gate_file("bg")}, {"text": "bg answer"}])
+        sid = await h.session(
+            [task("t1", "bg", background=True)],
+            [task("t2", "fg")],
+            [{"text": "done"}],
+            [{"text": "read the job's answer"}],
+        )
+        async with tree.worker():
+            await h.client.prompt(sid, "Delegate")
+
+            async def both_running() -> bool:
+                kids = await h.client.children(sid)
+                return len(kids) == 2 and all([await busy(h, k.id) for k in kids])
+
+            await h.until(both_running, timeout=30)
+            kids = {k.agent: k.id for k in await h.client.children(sid)}
+            listed = await run.json("children", sid)
+            assert [c["id"] for c in listed] == [kids["bg"], kids["fg"]]
+            (job,) = await run.json("jobs", sid)
+            assert job["session"]["id"] == kids["bg"] and job["running"]
+            status = await run.run("status", sid)
+            assert status.returncode == 0, status.stderr
+            assert f"subagent {kids['fg']}:" in status.stdout
+            nested = await run.json("status", sid)
+            assert [s["session_id"] for s in nested["subagents"]] == [kids["fg"]]
+            text = await run.run("children", sid)
+            assert f"{kids['bg']}  @bg" in text.stdout and "background" in text.stdout
+            h.open_gate("fg")
+            h.open_gate("bg")
+            await h.until(lambda: len(h.requests()) == 4, timeout=30)
+            await h.client.wait_idle(sid, timeout=30)
+            (job,) = await run.json("jobs", sid)
+            assert not job["running"] and job["outcome"] == "succeeded"
+            jobs = await run.run("jobs", sid)
+            assert f"{kids['bg']}  @bg  succeeded" in jobs.stdout
+            spent = await run.json("usage", sid)
+            assert sorted(c["session_id"] for c in spent["children"]) == sorted(kids.values())
+            text = (await run.run("usage", sid)).stdout
+            assert f"  {kids['fg']}  @fg  in " in text and "total  in " in text
+        unknown = await run.run("jobs", "ses_nope")
+        assert unknown.returncode == 1 and "ses_nope" in unknown.stderr, unknown.stderr

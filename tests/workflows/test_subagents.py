@@ -291,3 +291,41 @@ async def test_a_child_waiting_for_an_answer_is_seen_and_answered_from_the_paren
         await h.client.wait_idle(sid, timeout=60)
         settled = results(await h.messages(sid))
         assert settled["t1"][0] == "completed" and "child done" in settled["t1"][1]
+
+
+def spent(text: str, tokens_in: int, tokens_out: int) -> list[dict[str, Any]]:
+    usage = {"input": tokens_in, "output": tokens_out, "cache_read": 1}
+    return [{"text": text}, {"finish": {"reason": "stop", "usage": usage}}]
+
+
+async def test_usage_rolls_up_the_tree(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent("leaf", spent("leaf answer", 100, 10))
+    tree.subagent(
+        "mid",
+        [task("m1", "leaf"), {"finish": {"reason": "tool-calls", "usage": {"input": 20}}}],
+        spent("mid answer", 30, 3),
+    )
+    sid = await h.session(
+        [task("t1", "mid"), {"finish": {"reason": "tool-calls", "usage": {"input": 5}}}],
+        spent("done", 7, 1),
+    )
+    async with tree.worker():
+        await h.client.prompt(sid, "Delegate")
+        await h.client.wait_idle(sid, timeout=60)
+        usage = await h.client.usage(sid)
+        # A step's input counts without its cached tokens (one read each final step).
+        assert (usage.own_tokens.input, usage.own_tokens.output) == (5 + 6, 1)
+        (mid,) = usage.children
+        assert (mid.agent, mid.own_tokens.input, mid.total_tokens.input) == ("mid", 49, 148)
+        (leaf,) = mid.children
+        assert (leaf.own_tokens.input, leaf.own_tokens.output, leaf.children) == (99, 10, ())
+        total = usage.total_tokens
+        assert (total.input, total.output, total.cache.read) == (159, 14, 3)
+        async with (
+            running_api(h.client, ApiSettings(port=0)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as http,
+        ):
+            served = (await http.get(f"/sessions/{sid}/usage")).json()
+        assert served["total_tokens"]["input"] == 159
+        assert served["children"][0]["children"][0]["own_tokens"]["output"] == 10

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 from sessionflow.api.deps import Client, SessionId
 from sessionflow.api.schemas import CreateSession
 from sessionflow.catalogue import ToolInfo
-from sessionflow.client import Job
+from sessionflow.client import Job, Usage
 from sessionflow.models.messages import Message
 from store.sessions import SessionInfo
 
@@ -85,3 +85,9 @@ async def children(session_id: SessionId, client: Client) -> list[SessionInfo]:
 async def jobs(session_id: SessionId, client: Client) -> list[Job]:
     """Its background tasks: each child session, whether it runs now, how it last ended."""
     return await client.jobs(session_id)
+
+
+@router.get("/{session_id}/usage", response_model=Usage)
+async def usage(session_id: SessionId, client: Client) -> Usage:
+    """Tokens and cost: the session's own, each subagent's (theirs inside), the tree's total."""
+    return await client.usage(session_id)
