@@ -786,7 +786,10 @@ class SessionWorkflow:
             self._show_details()
             try:
                 summary = f"{request.name} {request.call_id}"
-                outcome = await call("run_tool", request, ToolOutcome, summary, TOOL)
+                # A task call's settlement from its child's answer is short bookkeeping: it
+                # runs in the workflow's own task, like the step's.
+                options = SHORT if request.child is not None else TOOL
+                outcome = await call("run_tool", request, ToolOutcome, summary, options)
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
                     raise asyncio.CancelledError() from error
@@ -806,7 +809,7 @@ class SessionWorkflow:
             task.cancel()
         await asyncio.gather(*self.tool_tasks.values(), return_exceptions=True)
         self.tool_tasks = {}
-        if self.children.active:
+        if self.children.active or self.children.background:
             await self.children.stop_all(f"parent {self.interrupt_reason or 'user'}")
         replies = tuple(self.approvals.declined)
         self.approvals.settle_all()
