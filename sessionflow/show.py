@@ -62,6 +62,13 @@ class Transcript:
         )
         if state.status == "error":
             self.console.print(f"  [red]{escape(state.error.message)}[/]", highlight=False)
+        structured = getattr(state, "structured", None) or {}
+        child = (structured.get("child") or {}).get("session_id") or structured.get("task_id")
+        if child:  # a task call: where its subagent's own transcript is
+            self.console.print(
+                f"  [dim]subagent session {escape(child)}: sessionflow show {escape(child)}[/]",
+                highlight=False,
+            )
         content = [c.model_dump(mode="json") for c in getattr(state, "content", ())]
         shown, hidden = clip(output_text({"content": content}), None if self.full else OUTPUT_LINES)
         for line in shown:

@@ -992,6 +992,9 @@ async def test_children_jobs_and_the_status_of_a_tree(
             assert [s["session_id"] for s in nested["subagents"]] == [kids["fg"]]
             text = await run.run("children", sid)
             assert f"{kids['bg']}  @bg" in text.stdout and "background" in text.stdout
+            shown = " ".join((await run.run("show", sid)).stdout.split())  # lines wrap at 80
+            for child in kids.values():  # the running call and the settled background one
+                assert f"subagent session {child}: sessionflow show {child}" in shown
             h.open_gate("fg")
             h.open_gate("bg")
             await h.until(lambda: len(h.requests()) == 4, timeout=30)
