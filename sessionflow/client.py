@@ -374,7 +374,8 @@ class SessionClient:
         tokens, cost = info.tokens, info.cost
         for child in below:
             tokens, cost = _add(tokens, child.total_tokens), cost + child.total_cost
-        return Usage(info.id, info.agent, info.tokens, info.cost, tokens, cost, below)
+        agent = info.agent or self.agents.default
+        return Usage(info.id, agent, info.tokens, info.cost, tokens, cost, below)
 
     async def _last_terminal(self, session_id: str) -> str | None:
         ended = [
