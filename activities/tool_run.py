@@ -193,6 +193,9 @@ class ToolActivities:
         outcome = _settled_outcome(run, error)
 
         written = [event, *(output.events if output is not None else ())]
+        todos = [e.todos for e in written if isinstance(e, ev.TodoUpdated)]
+        if todos:
+            outcome = outcome.model_copy(update={"todos": todos[-1]})
 
         def decide(part: ToolPart | None) -> Decision[ToolOutcome]:
             if part is not None and part.settled:

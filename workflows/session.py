@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         TurnInput,
         TurnResult,
     )
+    from sessionflow.models.events import Todo
     from sessionflow.models.permissions import PermissionReply, RespondResult
 
 MAX_RETRIES = 4
@@ -244,6 +245,8 @@ class SessionWorkflow:
         self.max_active_tools = 8
         # The parent's ``task`` call this session's busy period answers (a child session).
         self.parent: ParentCall | None = None
+        # The todo list as this run last saw a ``todowrite`` replace it (the UI's details).
+        self.todos: tuple[Todo, ...] = ()
 
     # --- what the Temporal UI shows ---------------------------------------------------------------
 
@@ -269,6 +272,10 @@ class SessionWorkflow:
             details += f" · waiting for subagent {child.agent} {child.session_id}"
         if self.parent is not None:
             details += f" · subagent of {self.parent.session_id}"
+        if self.todos:
+            marks = {"completed": "[x]", "cancelled": "[-]", "in_progress": "[>]"}
+            items = [f"- {marks.get(t.status, '[ ]')} {t.content[:120]}" for t in self.todos]
+            details += "\n\n**todo**\n" + "\n".join(items[:50])
         workflow.set_current_details(details)
 
     # --- handlers -------------------------------------------------------------------------------
@@ -752,6 +759,9 @@ class SessionWorkflow:
         ``task`` call waits for its child session the same way."""
         try:
             outcome = await self._run_tool_once(request)
+            if outcome.todos is not None:
+                self.todos = outcome.todos
+                self._show_details()
             if outcome.child is not None and outcome.child.background:
                 self.children.background[outcome.child.session_id] = outcome.child
             while outcome.status in ("ask", "child"):

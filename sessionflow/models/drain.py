@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from sessionflow.models.common import Model, SessionError, Tokens
+from sessionflow.models.events import Todo
 from sessionflow.models.permissions import PermissionReply, PermissionRequest
 
 Promotion = Literal["steer", "queue"] | None
@@ -293,6 +294,8 @@ class ToolOutcome(Model):
     ask: PermissionRequest | None = None
     # status "child": a child session runs the call; the call waits for it.
     child: ChildWait | None = None
+    # The session's todo list, when the call replaced it (``todowrite``), for the UI's details.
+    todos: tuple[Todo, ...] | None = None
 
 
 class FinishStepInput(Model):

@@ -49,6 +49,11 @@ async def test_the_todo_list_survives_a_worker_restart_and_a_compaction(
         async with h.worker():
             await h.client.prompt(sid, "Plan it")
             await h.client.wait_idle(sid, timeout=30)
+            # The Temporal UI's current details show the list as the call replaced it.
+            metadata = await h.client._handle(sid).query("__temporal_workflow_metadata")
+            shown = metadata.current_details
+            assert "**todo**\n- [x] Read the failing test\n- [>] Fix the parser\n" in shown
+            assert shown.endswith("- [ ] Update the changelog")
         async with h.worker():  # another worker: nothing of the list lives in a process
             await h.client.compact(sid)
             await h.client.wait_idle(sid, timeout=30)

@@ -236,6 +236,18 @@ const handlers = {
     output.classList.add("error");
     setCard(node, "error", e.created);
   },
+  "session.todo.updated": (d) => {
+    // One list, the latest, where the session is now: an older one is replaced.
+    const old = find("ul.todos");
+    if (old) old.remove();
+    const list = el("ul", "todos");
+    for (const todo of d.todos) {
+      const item = el("li", todo.status, todo.content);
+      item.dataset.status = todo.status;
+      list.append(item);
+    }
+    transcript.append(list);
+  },
   "session.permission.asked": (d) => ask(d.request),
   "session.permission.replied": (d, e) => {
     const box = find(`.ask[data-request="${CSS.escape(d.request_id)}"]`);

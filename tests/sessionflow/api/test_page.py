@@ -287,3 +287,33 @@ async def test_a_task_call_links_to_its_child_session(
                 await expect(done.locator("a.child")).to_have_count(1)
             finally:
                 await page.close()
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_the_page_shows_the_latest_todo_list(api: Api, browser: Browser) -> None:
+    first = [{"content": "Plan", "status": "in_progress"}, {"content": "Build"}]
+    then = [
+        {"content": "Plan", "status": "completed"},
+        {"content": "Build", "status": "in_progress"},
+    ]
+    sid = await api.session(
+        [call("w1", "todowrite", todos=first)],
+        [call("w2", "todowrite", todos=then)],
+        [{"text": "done"}],
+    )
+    async with running_api(api.h.client, ApiSettings(port=0)) as url:
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await api.h.client.prompt(sid, "Plan and build")
+            await expect(page.locator(".marker.succeeded")).to_have_count(1)
+            items = page.locator("ul.todos li")
+            await expect(page.locator("ul.todos")).to_have_count(1)  # the latest only
+            await expect(items).to_have_text(["Plan", "Build"])
+            assert [await i.get_attribute("data-status") for i in await items.all()] == [
+                "completed",
+                "in_progress",
+            ]
+        finally:
+            await page.close()
