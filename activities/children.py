@@ -21,6 +21,7 @@ child), which wakes it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -48,6 +49,7 @@ from sessionflow.models.drain import (
     ChildFinished,
     ChildWait,
     DrainInput,
+    InterruptRequest,
     ParentCall,
     ReportInput,
     ToolOutcome,
@@ -138,7 +140,13 @@ class ChildCalls:
             if done is not None:
                 return await self._collect(wait, done)
         await self._link(wait)
-        await start_drain(child.id, WakeSignal(input_id=prompt_id), child_summary(wait))
+        try:
+            await start_drain(child.id, WakeSignal(input_id=prompt_id), child_summary(wait))
+        except asyncio.CancelledError:
+            # The parent was interrupted while the child's drain started (or not): it must
+            # not run on unseen by the parent, which never learns its id.
+            await asyncio.shield(_interrupt_child(child.id, "parent interrupted"))
+            raise
         if wait.background:  # settled with the child's id by ``_link``
             return ToolOutcome(call_id=self.run.call_id, status="completed", child=wait)
         return ToolOutcome(call_id=self.run.call_id, status="child", child=wait)
@@ -245,9 +253,17 @@ class ChildCalls:
         prompt_id = prompt_input_id(child_id, self.run.assistant_message_id, self.run.call_id)
         done = await answered(self.store, child_id, prompt_id)
         if done is None and not finished.timed_out and wait is not None:
+            receipt = await self.store.inputs.get(prompt_id)
+            if finished.outcome == "interrupted" and receipt and receipt.promoted_seq is None:
+                # Interrupted before it took this call's prompt: the interrupt fails the call
+                # (its prompt stays pending in the child, as an interrupt leaves prompts).
+                finished = finished.model_copy(
+                    update={"error": f"{finished.error} (before it took this task)"}
+                )
+                return await self._collect(wait, finished)
             return ToolOutcome(call_id=self.run.call_id, status="child", child=wait)
-        if done is None or (finished.timed_out and done.outcome != "succeeded"):
-            done = finished
+        if done is None or (finished.timed_out and done.outcome == "interrupted"):
+            done = finished  # the timeout's own interrupt: say it timed out
         wait = wait or ChildWait(session_id=child_id, agent="", parent_id=self.session.id)
         return await self._collect(wait, done)
 
@@ -270,6 +286,8 @@ class ChildCalls:
 
 
 TERMINALS = (ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
+# The reason a recovery ends a dead execution with (``activities/session.py``).
+SUPERSEDED = "superseded"
 
 
 async def result_of(
@@ -335,9 +353,15 @@ async def answered(
     receipt = await store.inputs.get(prompt_id, tx=tx)
     if receipt is None or receipt.promoted_seq is None:
         return None
-    end = await store.events.first_of(child_id, TERMINALS, after=receipt.promoted_seq, tx=tx)
-    if end is None:
-        return None
+    after = receipt.promoted_seq
+    while True:
+        end = await store.events.first_of(child_id, TERMINALS, after=after, tx=tx)
+        if end is None:
+            return None
+        superseded = isinstance(end.data, ev.ExecutionInterrupted) and end.data.reason == SUPERSEDED
+        if not superseded:
+            break
+        after = end.seq  # a dead execution's end: the one that took over goes on with the prompt
     data = end.data
     error = data.error.message[:1000] if isinstance(data, ev.ExecutionFailed) else None
     if isinstance(data, ev.ExecutionInterrupted):
@@ -376,54 +400,91 @@ async def start_drain(session_id: str, wake: WakeSignal, summary: str) -> None:
     )
 
 
+async def _interrupt_child(child_id: str, reason: str) -> None:
+    try:
+        handle = activity.client().get_workflow_handle(workflow_id(child_id))
+        await handle.signal("interrupt", InterruptRequest(reason=reason))
+    except RPCError as gone:  # its drain never started: nothing runs
+        activity.logger.info("Child %s not interrupted: %s", child_id, gone)
+
+
 def child_summary(wait: ChildWait) -> str:
     """What the Temporal UI says of a child's drain: its agent, its parent, its task."""
     return f"{wait.agent} subagent of {wait.parent_id}: {wait.description}"
 
 
 async def report(store: Any, request: ReportInput) -> None:
-    """A child's busy period ended (its terminal is written): signal ``child_finished`` to
-    the parent's drain, a hint for the call that waits (it reads the result from the store).
-    When no call can wait for the result (a background task, or a call its parent's recovery
-    closed while the child ran on), the result becomes a message of the parent instead (once
-    per child) and wakes it, idle or not."""
-    parent = request.parent
-    finished = ChildFinished(
-        child_session_id=request.child_session_id, outcome=request.outcome, error=request.error
-    )
-    try:
-        handle = activity.client().get_workflow_handle(workflow_id(parent.session_id))
-        await handle.signal("child_finished", finished)
-    except RPCError as gone:  # no drain runs: the parent's recovery reads the store
-        activity.logger.info("Parent %s not signalled: %s", parent.session_id, gone)
-    if not (parent.background or await _closed_without_result(store, parent)):
-        return
-    input_id = background_result_id(request.child_session_id)
-    if await store.inputs.get(input_id) is None:
-        text = await _result_message(store, request)
-        await store.inputs.admit(
-            parent.session_id, Prompt(text=text), input_id=input_id, delivery="queue"
+    """A child's busy period ended (its terminal is written): tell the parent, for every
+    call of the parent this busy period answered, as the store says. A call that waits gets
+    a ``child_finished`` signal, a hint (it settles from the store); a call nobody waits
+    for (a background task, or a call its parent's recovery closed while the child ran on)
+    gets the answer as a message of the parent (once per call), which wakes it, idle or not.
+    A child its parent interrupted says nothing back: the parent stopped on purpose."""
+    parent_id, child_id = request.parent.session_id, request.child_session_id
+    waiting = False
+    admitted: list[str] = []
+    for message_id, part in await _calls_of(store, parent_id, child_id):
+        if not part.settled:
+            waiting = True  # its settlement reads the store, whatever this end was
+            continue
+        prompt_id = prompt_input_id(child_id, message_id, part.call_id)
+        done = await answered(store, child_id, prompt_id)
+        if done is None:
+            continue
+        if not _nobody_waits(part) or (done.error or "").startswith("parent "):
+            continue
+        input_id = background_result_id(child_id, message_id, part.call_id)
+        if await store.inputs.get(input_id) is None:
+            text = await _result_message(store, child_id, done)
+            await store.inputs.admit(
+                parent_id, Prompt(text=text), input_id=input_id, delivery="queue"
+            )
+        admitted.append(input_id)
+    if waiting:
+        finished = ChildFinished(
+            child_session_id=child_id, outcome=request.outcome, error=request.error
         )
-    await start_drain(
-        parent.session_id, WakeSignal(input_id=input_id), f"session {parent.session_id}"
-    )
+        try:
+            handle = activity.client().get_workflow_handle(workflow_id(parent_id))
+            await handle.signal("child_finished", finished)
+        except RPCError as gone:  # no drain runs: the parent's recovery reads the store
+            activity.logger.info("Parent %s not signalled: %s", parent_id, gone)
+    for input_id in admitted:
+        await start_drain(parent_id, WakeSignal(input_id=input_id), f"session {parent_id}")
 
 
-async def _closed_without_result(store: Any, parent: ParentCall) -> bool:
-    _, stored = await store.sessions.tool_call(
-        parent.session_id, parent.assistant_message_id, parent.call_id
-    )
-    state = stored.part.state if stored is not None else None
-    return isinstance(state, ToolError) and state.error.type == "tool.stale"
+async def _calls_of(store: Any, parent_id: str, child_id: str) -> list[tuple[str, ToolPart]]:
+    """The parent's ``task`` calls linked to ``child_id`` (the one that started it and any
+    follow-up), with their message ids."""
+    found = []
+    for message in await store.sessions.messages(parent_id):
+        if not isinstance(message, AssistantMessage):
+            continue
+        for part in message.content:
+            if isinstance(part, ToolPart) and part.name == Task.name:
+                structured = getattr(part.state, "structured", None) or {}
+                linked = (structured.get("child") or {}).get("session_id")
+                if child_id in (linked, structured.get("task_id")) or (
+                    not linked and child_session_id(parent_id, message.id, part.call_id) == child_id
+                ):
+                    found.append((message.id, part))
+    return found
 
 
-async def _result_message(store: Any, request: ReportInput) -> str:
-    child_id = request.child_session_id
+def _nobody_waits(part: ToolPart) -> bool:
+    """A settled call whose result did not carry the child's answer: started in the
+    background, or closed by a recovery while the child ran on."""
+    state = part.state
+    if isinstance(state, ToolError):
+        return state.error.type == "tool.stale"
+    return bool((getattr(state, "structured", None) or {}).get("background"))
+
+
+async def _result_message(store: Any, child_id: str, done: ChildFinished) -> str:
     child = await store.sessions.get(child_id)
     description = (child.settings.get("task") or {}).get("description") or "no description"
     head = f"The task {child_id} ({description})"
-    if request.outcome == "succeeded":
-        answer = await final_answer(store, child_id)
+    if done.outcome == "succeeded":
+        answer = await final_answer(store, child_id, done.seq)
         return f"{head} finished.\n\n{answer_text(child_id, answer)}"
-    why = request.error or request.outcome
-    return f"{head} did not finish ({request.outcome}): {why}"
+    return f"{head} did not finish ({done.outcome}): {done.error or done.outcome}"

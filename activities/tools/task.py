@@ -84,9 +84,10 @@ def prompt_input_id(child_id: str, assistant_message_id: str, call_id: str) -> s
     return f"msg_{_digest(child_id, assistant_message_id, call_id)}"
 
 
-def background_result_id(child_id: str) -> str:
-    """The message a background child's result becomes in its parent: once per child."""
-    return f"msg_{_digest('job', child_id)}"
+def background_result_id(child_id: str, assistant_message_id: str, call_id: str) -> str:
+    """The message a child's answer to one call becomes in its parent, when no call waits
+    for it (a background call, or one a recovery closed): once per call."""
+    return f"msg_{_digest('job', child_id, assistant_message_id, call_id)}"
 
 
 def _digest(*parts: str) -> str:

@@ -193,3 +193,36 @@ async def idle_with(h: Harness, sid: str, outcome: str) -> bool:
 
 async def _expired(store: Store, sid: str) -> bool:
     return sid in await store.claims.expired(phases=("unknown", "continue"))
+
+
+async def test_a_child_recovered_by_the_sweep_answers_its_call(
+    temporal_env: WorkflowEnvironment, open_test_store: StoreFactory, tmp_path: Path
+) -> None:
+    """The dead run's end ("superseded") is not the child's answer: the run that took over
+    goes on with the same prompt, and its answer settles the parent's call."""
+    store = await open_test_store(lease_ms=1500)
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        tree = Tree(h)
+        tree.subagent(
+            "one",
+            [{"text": "partial"}, {"wait_for_file": h.gate_file("never")}],
+            [{"text": "answer after the restart"}],
+        )
+        sid = await h.session([task("t1", "one")], [{"text": "parent done"}])
+        async with tree.worker():
+            await h.client.prompt(sid, "Delegate")
+
+            async def streaming() -> bool:
+                kids = await store.sessions.list(parent_id=sid)
+                return len(kids) == 1 and bool(h.requests("one.json"))
+
+            await h.until(streaming, timeout=30)
+            (kid,) = await store.sessions.list(parent_id=sid)
+            await h.client._handle(kid.id).terminate("simulated loss of the child's drain")
+            await h.until(lambda: _expired(store, kid.id), timeout=30)
+            assert kid.id in (await sweep(h, temporal_env)).woken
+            await h.client.wait_idle(sid, timeout=60)
+            settled = results(await store.sessions.messages(sid))
+            assert settled["t1"][0] == "completed"
+            assert "answer after the restart" in settled["t1"][1]
+        await check_store(store)

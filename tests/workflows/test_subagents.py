@@ -5,6 +5,7 @@ scripted model (each subagent its own script).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -329,3 +330,124 @@ async def test_usage_rolls_up_the_tree(tree: Tree) -> None:
             served = (await http.get(f"/sessions/{sid}/usage")).json()
         assert served["total_tokens"]["input"] == 159
         assert served["children"][0]["children"][0]["own_tokens"]["output"] == 10
+
+
+def rewrite(h: Harness, *turns: list[dict[str, Any]]) -> None:
+    """The parent's script from now on (a scripted model reads its file at each request)."""
+    (h.root / "model.json").write_text(json.dumps({"turns": [{"events": e} for e in turns]}))
+
+
+async def test_interrupting_a_parent_with_a_job_leaves_it_quiet(tree: Tree) -> None:
+    """The job the interrupt cancelled does not report back: no turn after the interrupt."""
+    h = tree.h
+    tree.subagent("bg", [{"wait_for_file": h.gate_file("bg")}, {"text": "never"}])
+    sid = await h.session(
+        [task("t1", "bg", background=True)],
+        [{"text": "started it"}],
+        [{"text": "a turn after the user's interrupt"}],
+    )
+    async with tree.worker():
+        await h.client.prompt(sid, "Start a job")
+        await h.until(lambda: len(h.requests()) == 2, timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        (job,) = await h.client.jobs(sid)
+        await h.until(lambda: busy(h, job.session.id), timeout=30)
+        await h.client.interrupt(sid)
+        await h.client.wait_idle(job.session.id, timeout=30)
+        # The job's report ran with its terminal (finish_execution): nothing was admitted.
+        assert not await h.store.inputs.pending(sid)
+        await h.client.wait_idle(sid, timeout=30)
+        assert len(h.requests()) == 2
+
+
+async def test_follow_ups_in_the_background_deliver_each_answer(tree: Tree) -> None:
+    h = tree.h
+    tree.subagent(
+        "fg",
+        [{"text": "first answer"}],
+        [{"wait_for_file": h.gate_file("fg")}, {"text": "second answer"}],
+    )
+    sid = await h.session([task("t1", "fg")], [{"text": "got the first"}])
+    async with tree.worker():
+        await h.client.prompt(sid, "Start a job")
+        await h.client.wait_idle(sid, timeout=30)
+        (child,) = await h.client.children(sid)
+        rewrite(
+            h,
+            [task("t1", "fg")],
+            [{"text": "got the first"}],
+            [task("t2", "fg", prompt="Again", task_id=child.id, background=True)],
+            [{"text": "started again"}],
+            [{"text": "got the second"}],
+        )
+        await h.client.prompt(sid, "Continue in the background")
+        await h.until(lambda: len(h.requests()) == 4, timeout=30)
+        h.open_gate("fg")
+        await h.until(lambda: len(h.requests()) == 5, timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        assert "second answer" in json_text(h.requests()[4]["messages"][-1])
+        assert len(await h.client.children(sid)) == 1  # the same child, continued
+
+
+async def test_an_interrupt_while_the_child_starts_stops_the_child(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import activities.children as children_module
+
+    original, started = children_module.start_drain, asyncio.Event()
+
+    async def slow(*args: Any) -> None:  # the interrupt lands while the start is answered
+        await original(*args)
+        started.set()
+        await asyncio.sleep(3)
+
+    monkeypatch.setattr(children_module, "start_drain", slow)
+    h = tree.h
+    tree.subagent("kid", [{"wait_for_file": h.gate_file("kid")}, {"text": "kid answer"}])
+    sid = await h.session([task("t1", "kid")], [{"text": "never"}])
+    async with tree.worker():
+        await h.client.prompt(sid, "Delegate")
+        await h.until(started.is_set, timeout=30)
+        (kid,) = await h.client.children(sid)
+        await h.client.interrupt(sid)
+        await h.client.wait_idle(sid, timeout=60)
+        await h.client.wait_idle(kid.id, timeout=30)
+        ended = await terminal(h, kid.id)
+        assert ended.type == "session.execution.interrupted"
+        assert ended.data["reason"] == "parent interrupted"
+
+
+async def test_a_follow_up_its_child_never_took_fails_when_the_child_is_interrupted(
+    tree: Tree,
+) -> None:
+    h = tree.h
+    tree.subagent(
+        "bg", [{"wait_for_file": h.gate_file("bg")}, {"text": "never"}], [{"text": "second"}]
+    )
+    sid = await h.session([task("t1", "bg", background=True)], [{"text": "started it"}])
+    async with tree.worker():
+        await h.client.prompt(sid, "Start a job")
+        await h.until(lambda: len(h.requests()) == 2, timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        (job,) = await h.client.jobs(sid)
+        cid = job.session.id
+        await h.until(lambda: busy(h, cid), timeout=30)
+        rewrite(
+            h,
+            [task("t1", "bg", background=True)],
+            [{"text": "started it"}],
+            [task("t2", "bg", prompt="Again", task_id=cid)],
+            [{"text": "parent done"}],
+        )
+        await h.client.prompt(sid, "Ask it more")
+
+        async def waiting() -> bool:
+            drain = (await h.client.status(sid)).drain
+            return drain is not None and bool(drain.children)
+
+        await h.until(waiting, timeout=30)
+        await h.client.interrupt(cid)
+        await h.client.wait_idle(sid, timeout=30)
+        settled = results(await h.messages(sid))
+        assert settled["t2"][0] == "error"
+        assert "was interrupted: user (before it took this task)" in settled["t2"][1]
