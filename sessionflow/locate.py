@@ -156,7 +156,7 @@ def running(address: str, task_queue: str) -> list[StackRecord]:
                 pid=int(data["pid"]),
                 kind=str(data.get("kind", "worker")),
             )
-            if not _alive(record.pid):
+            if not process_alive(record.pid):
                 path.unlink(missing_ok=True)
                 continue
             if (record.address, record.task_queue) != (address, task_queue):
@@ -216,7 +216,7 @@ def gone(identity: str) -> bool:
     pid = rest.partition(" ")[0]
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    return not _alive(int(pid))
+    return not process_alive(int(pid))
 
 
 def safe_url(url: str) -> str:
@@ -232,7 +232,9 @@ def _name(address: str, task_queue: str) -> str:
     return _UNSAFE.sub("_", f"{address}__{task_queue}")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed process its parent has not reaped yet (a zombie) does
+    not, though signals still reach it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

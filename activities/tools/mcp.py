@@ -44,6 +44,7 @@ from activities.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
 from activities.tools.mcp_config import WORKSPACE, LocalServer, McpConfig, RemoteServer
 from activities.tools.output import clip, normalize
 from activities.tools.settings import ToolSettings
+from sessionflow.locate import process_alive
 from sessionflow.models.common import ContentPart, FileContent, TextContent
 
 log = logging.getLogger("sessionflow.mcp")
@@ -61,28 +62,6 @@ class McpArguments(BaseModel):
 
 class McpServerError(ToolFailure):
     """A server that could not start, died, or did not answer in time."""
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs: a killed process its parent has not reaped yet (a zombie) does
-    not, though signals still reach it."""
-    if not Path("/proc/self/stat").exists():  # no procfs: a signal's reach is all we know
-        return _signalable(pid)
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def _signalable(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -121,7 +100,7 @@ class _Connection:
         pids = self._pids()
         if pids is None:
             return True  # a remote server, or not started yet
-        return all(_running(pid) for pid in pids)
+        return all(process_alive(pid) for pid in pids)
         return True
 
     async def start(self) -> None:
