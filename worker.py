@@ -33,6 +33,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.compact import CompactionActivities
+from activities.hosts import HostActivities, HostLease
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
 from activities.sweep import SweepActivities
@@ -52,9 +53,16 @@ from sessionflow import locate, telemetry
 from sessionflow.agents import Agents, load_agents
 from sessionflow.devstack import ensure_search_attribute
 from sessionflow.logs import quiet_expected_failures
-from sessionflow.models.drain import TASK_QUEUE, SweepInput, sweep_schedule_id
+from sessionflow.models.drain import (
+    LOCAL_HOST,
+    TASK_QUEUE,
+    SweepInput,
+    sweep_schedule_id,
+    tool_queue,
+)
 from sessionflow.settings import Settings
 from store import Store, open_store
+from workflows.hosts import WorkspaceCheck
 from workflows.session import SessionWorkflow
 from workflows.sweep import RecoverySweep
 
@@ -157,7 +165,10 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         TurnActivities(runtime),
         ToolActivities(runtime),
     )
+    hosts = HostActivities(runtime)
     return [
+        hosts.host_state,
+        tools.host_unreachable,
         SweepActivities(runtime, task_queue=task_queue).sweep_recoverable,
         session.acquire_claim,
         session.claim_and_prepare,
@@ -187,7 +198,9 @@ def build_worker(
     agents: Agents | None = None,
     mcp: McpPool | None = None,
     max_depth: int = DEFAULT_MAX_DEPTH,
-) -> Worker:
+    host: str = LOCAL_HOST,
+    serve: str = "all",
+) -> SessionWorker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
     ``sandboxed`` runs the workflows in Temporal's sandbox, which turns a non-deterministic call
@@ -203,7 +216,18 @@ def build_worker(
     cannot hand a workflow task's new activities straight back to this worker (eager start)
     and routes each through its task queue instead -- another poll, dispatch and persistence
     round per activity. ``max_active_tools`` still caps each session's own tools.
+
+    ``host`` and ``serve`` say what it serves (``sessionflow/settings.py``): a named host's
+    tools run on a second Temporal worker polling ``<task queue>@<host>``, and every worker
+    that runs tools renews its host's lease in the store while it runs (``HostLease``).
     """
+    if serve not in ("all", "turns", "tools"):
+        raise ValueError(f"serve must be all, turns or tools, got {serve!r}")
+    if serve == "tools" and host == LOCAL_HOST:
+        raise ValueError(
+            "a tools-only worker needs a host name (SESSIONFLOW_HOST or --host): the local "
+            "host's tools run on the shared queue, with the turns"
+        )
     runtime = Runtime(
         store=store,
         tools=tools or default_registry(),
@@ -214,23 +238,78 @@ def build_worker(
         agents=agents or Agents(),
         mcp=mcp,
         max_depth=max_depth,
+        host=None if serve == "turns" else host,
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
-    return Worker(
-        client,
-        task_queue=task_queue,
-        workflows=[SessionWorkflow, RecoverySweep],
-        activities=activities_for(runtime, task_queue),
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
-        max_heartbeat_throttle_interval=timedelta(milliseconds=250),
-        default_heartbeat_throttle_interval=timedelta(milliseconds=250),
-        graceful_shutdown_timeout=graceful_shutdown,
-        workflow_runner=runner,
-        max_concurrent_activities=max_concurrent_activities,
+    common: dict[str, Any] = {
+        "max_heartbeat_throttle_interval": timedelta(milliseconds=250),
+        "default_heartbeat_throttle_interval": timedelta(milliseconds=250),
+        "graceful_shutdown_timeout": graceful_shutdown,
+        "workflow_runner": runner,
+        "max_concurrent_activities": max_concurrent_activities,
         # Clients tell which store the workers of a queue serve from their identities (`new`
         # refuses to create a session in a store no worker of its queue writes to).
-        identity=f"{identity()} {locate.identity_suffix(store.db.url, store.db.schema)}",
-    )
+        "identity": f"{identity()} {locate.identity_suffix(store.db.url, store.db.schema)}",
+    }
+    workers = []
+    if serve != "tools":
+        workers.append(
+            Worker(
+                client,
+                task_queue=task_queue,
+                workflows=[SessionWorkflow, RecoverySweep],
+                activities=activities_for(runtime, task_queue),
+                sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+                **common,
+            )
+        )
+    lease = None
+    if serve != "turns":
+        queue = tool_queue(task_queue, host)
+        if host != LOCAL_HOST:
+            tools_worker, checks = ToolActivities(runtime), HostActivities(runtime)
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=queue,
+                    workflows=[WorkspaceCheck],
+                    activities=[tools_worker.run_tool, checks.check_workspace],
+                    **common,
+                )
+            )
+        lease = HostLease(store, host, common["identity"], queue, runtime.tools)
+    return SessionWorker(workers, lease, task_queue=task_queue, host=runtime.host)
+
+
+class SessionWorker:
+    """The Temporal workers of one sessionflow worker (the shared queue's and its host's),
+    and its host lease: an async context manager that runs them all."""
+
+    def __init__(
+        self,
+        workers: list[Worker],
+        lease: HostLease | None,
+        *,
+        task_queue: str,
+        host: str | None,
+    ) -> None:
+        self.workers, self.lease = workers, lease
+        self.task_queue, self.host = task_queue, host
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def __aenter__(self) -> SessionWorker:
+        async with contextlib.AsyncExitStack() as stack:
+            if self.lease is not None:  # live before it polls; withdrawn after it stopped
+                await stack.enter_async_context(self.lease)
+            for worker in self.workers:
+                await stack.enter_async_context(worker)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.__aexit__(*exc)
 
 
 async def ensure_sweep_schedule(
@@ -274,7 +353,7 @@ async def reap_orphans_forever(every: float = 10.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(worker: Worker) -> AsyncIterator[Worker]:
+async def serving(worker: SessionWorker) -> AsyncIterator[SessionWorker]:
     """Run ``worker`` as a host's worker does: the tool groups of workers that died here (a
     SIGKILL of a whole process group, an OOM kill) are reaped before it polls, and then every
     10 s, so an orphan lives until the next worker on the host starts or passes; on the way
@@ -320,15 +399,27 @@ async def main() -> None:
         agents=load_agents(settings.agents_file),
         mcp=mcp,
         max_depth=settings.max_depth,
+        host=settings.host,
+        serve=settings.serve,
     )
-    await ensure_sweep_schedule(client, store=store, task_queue=task_queue)
+    if settings.serve != "tools":  # a tools-only host runs no workflows of the shared queue
+        await ensure_sweep_schedule(client, store=store, task_queue=task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     shell = describe_sandbox(tool_settings(settings))
     (log.info if settings.sandbox and "unavailable" not in shell else log.warning)(shell)
-    log.info("worker %s polling %s on %s, store %s", identity(), task_queue, address, database_url)
+    serves = {"all": "turns and tools", "turns": "turns only", "tools": "tools only"}
+    log.info(
+        "worker %s (host %s, %s) polling %s on %s, store %s",
+        identity(),
+        settings.host,
+        serves[settings.serve],
+        task_queue,
+        address,
+        database_url,
+    )
     with published(address, task_queue, database_url, kind="worker"):
         async with serving(worker):
             await stop.wait()

@@ -211,6 +211,8 @@ class ChildCalls:
                 workspace_id=self.session.workspace_id,
                 parent_id=self.session.id,
                 settings=settings,
+                host=self.session.host,  # the same workspace, on the same host
+                observed=self.session.settings.get("observed"),
             )
         except InvalidDurableEventError:  # a concurrent attempt created it first
             return await sessions.get(sid)

@@ -68,6 +68,15 @@ def sources(workspace: str, entries: dict[str, str], settings: ToolSettings) -> 
     return found
 
 
+def observed_sources(observed: object, entries: dict[str, str]) -> dict[str, str]:
+    """``sources`` as the workspace's host last read them (``session.workspace.observed``)."""
+    if not isinstance(observed, dict):
+        raise Unobservable("its host has not read the workspace yet")
+    found = {key: text for key, text in observed.items() if isinstance(text, str)}
+    found.update({f"context:{key}": text for key, text in sorted(entries.items())})
+    return found
+
+
 def render(snapshot: dict[str, str]) -> str:
     blocks = []
     for key, text in snapshot.items():

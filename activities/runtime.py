@@ -19,6 +19,7 @@ from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
 from activities.tools.base import ToolFailure, ToolRegistry
 from activities.tools.mcp import McpPool
+from activities.tools.offered import offered_tools
 from activities.tools.task import DEFAULT_MAX_DEPTH, Task
 from sessionflow.agents import Agents
 from sessionflow.errors import (
@@ -28,7 +29,7 @@ from sessionflow.errors import (
     StoreUnavailableError,
 )
 from sessionflow.models.common import ModelRef
-from sessionflow.models.drain import ClaimRef
+from sessionflow.models.drain import LOCAL_HOST, ClaimRef
 from store import Store
 from store.claims import Claim
 from store.sessions import SessionInfo
@@ -73,6 +74,8 @@ class Runtime:
     agents: Agents = field(default_factory=Agents)
     mcp: McpPool | None = None  # the worker's MCP servers (``SESSIONFLOW_MCP``)
     max_depth: int = DEFAULT_MAX_DEPTH  # Settings.max_depth: how deep a session tree grows
+    # The host whose tools this worker runs (``SESSIONFLOW_HOST``); None: it runs none.
+    host: str | None = LOCAL_HOST
 
     def __post_init__(self) -> None:
         # Every worker offers ``task`` when its agents include a subagent.
@@ -80,10 +83,17 @@ class Runtime:
             task = Task(self.agents, max_depth=self.max_depth)
             self.tools = self.tools.merged([("built-in", task)])
 
+    def runs_tools_of(self, session: SessionInfo) -> bool:
+        """Whether this worker is of the host that holds ``session``'s workspace."""
+        return self.host == session.host
+
     async def tools_for(self, session: SessionInfo) -> ToolRegistry:
         """What ``session`` may call: the worker's tools, then the tools of the MCP servers
         the session uses. A server that cannot start now offers nothing this time (logged);
-        a call of one of its tools says why (``tool_for``)."""
+        a call of one of its tools says why (``tool_for``). For a session of another host,
+        what that host's workers offer (their leases, ``store/hosts.py``)."""
+        if not self.runs_tools_of(session):
+            return offered_tools(await self.store.hosts.offered(session.host) or [])
         if self.mcp is None:
             return self.tools
         found: list[tuple[str, Any]] = []

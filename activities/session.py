@@ -27,6 +27,7 @@ from sessionflow.agents import UnknownAgentError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
+    LOCAL_HOST,
     RESUME_BUDGET,
     AcquireInput,
     ClaimAndPrepareInput,
@@ -70,6 +71,7 @@ RESULT_MISSING = SessionError(
 class WorkerLimits(TypedDict):
     turn_timeout_s: int
     retry_backoff_ms: int
+    host_lease_ms: int
 
 
 class SessionActivities:
@@ -172,14 +174,25 @@ class SessionActivities:
                 return PrepareResult(run=False, **limits)
             stale = await self._fail_stale_tools(claim, messages)
             promotion: Promotion = "steer" if steer else "queue" if queue else None
+            live = True  # the local host's tools run on the shared queue, whose worker this is
+            if session.host != LOCAL_HOST:
+                live = (await self.store.hosts.state(session.host)).live
             return PrepareResult(
-                run=True, promotion=promotion, stale_tools=stale, compaction=compaction, **limits
+                run=True,
+                promotion=promotion,
+                stale_tools=stale,
+                compaction=compaction,
+                host=session.host,
+                host_live=live,
+                **limits,
             )
 
     def _worker_limits(self) -> WorkerLimits:
         """The worker's settings the workflow applies (it holds no settings of its own)."""
         return WorkerLimits(
-            turn_timeout_s=self.rt.turn_timeout_s, retry_backoff_ms=self.rt.retry_backoff_ms
+            turn_timeout_s=self.rt.turn_timeout_s,
+            retry_backoff_ms=self.rt.retry_backoff_ms,
+            host_lease_ms=self.store.hosts.lease_ms,
         )
 
     def _recoverer(self, recovery: Recovery) -> Callable[[Tx], Awaitable[bool]]:

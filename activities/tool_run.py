@@ -17,9 +17,11 @@ from typing import Any
 
 from pydantic import ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.children import ChildCalls, child_summary, start_drain
 from activities.gate import Gate
+from activities.hosts import instructions
 from activities.runtime import Runtime, heartbeating, through_outages, to_claim, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
 from activities.tools.task import Task, prompt_input_id
@@ -27,7 +29,14 @@ from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, TextContent
-from sessionflow.models.drain import ChildWait, ToolInput, ToolOutcome, WakeSignal
+from sessionflow.models.drain import (
+    LOCAL_HOST,
+    ChildWait,
+    ToolInput,
+    ToolOutcome,
+    UnreachableInput,
+    WakeSignal,
+)
 from sessionflow.models.messages import ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.sessions import SessionInfo, StoredPart
@@ -54,7 +63,7 @@ class ToolActivities:
             claim.execution_id,
             request.assistant_message_id,
             request.call_id,
-            activity.info().attempt,
+            request.attempt_base + activity.info().attempt,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
             session, stored = await through_outages(
@@ -69,6 +78,8 @@ class ToolActivities:
             if isinstance(part.state, ToolCompleted | ToolError):
                 await _start_in_background(part, claim.session_id, request.assistant_message_id)
                 return _outcome(part)
+            if request.child is None and not self.rt.runs_tools_of(session):
+                raise _not_this_host(self.rt.host, session.host)
             try:
                 tool = await self.rt.tool_for(session, request.name)
             except ToolFailure as unavailable:  # an MCP server that cannot start
@@ -141,6 +152,7 @@ class ToolActivities:
                     call_id=run.call_id,
                     structured=structured,
                     content=(TextContent(text=text),) if text else (),
+                    host=self.rt.host,
                 ),
             )
             activity.heartbeat()
@@ -173,7 +185,43 @@ class ToolActivities:
         except Exception as defect:
             failure = SessionError(type="unknown", message=str(defect) or type(defect).__name__)
             return await self._settle(claim, run, failure, before=stored)
-        return await self._settle(claim, run, output=output, before=stored)
+        observed = self._observed(session, tool)
+        return await self._settle(claim, run, output=output, before=stored, observed=observed)
+
+    def _observed(self, session: SessionInfo, tool: Any) -> ev.WorkspaceObserved | None:
+        """On a named host, the workspace's instruction files when a call that may write
+        changed them: turns run on other hosts' workers, which read them from the store."""
+        if self.rt.host == LOCAL_HOST or tool.retry_safe:
+            return None
+        now = instructions(session.directory, self.rt.tools)
+        if now == session.settings.get("observed"):
+            return None
+        return ev.WorkspaceObserved(session_id=session.id, instructions=now)
+
+    @activity.defn
+    async def host_unreachable(self, request: UnreachableInput) -> ToolOutcome:
+        """Settle a call whose host has no live worker, from the shared queue: outcome-unknown
+        if one of the host's workers took it (it may have run), else the host error. The
+        attempt is above every attempt the host made, so a late write from there is refused."""
+        tool = request.tool
+        claim = to_claim(tool.claim)
+        run = ToolAttempt(
+            claim.session_id,
+            claim.execution_id,
+            tool.assistant_message_id,
+            tool.call_id,
+            request.attempt,
+        )
+        async with translated():
+
+            async def take() -> int | None:
+                return await self.rt.store.claims.run_fenced(
+                    claim, lambda tx: self.rt.store.tool_runs.take(tx, run)
+                )
+
+            earlier = await through_outages(take, within_ms=claim.lease_ms)
+            error = _host_gone(request.host, tool.name, ran=earlier is not None)
+            return await self._settle(claim, run, error=error)
 
     async def _settle(
         self,
@@ -183,16 +231,19 @@ class ToolActivities:
         *,
         output: ToolOutput | None = None,
         before: StoredPart | None = None,
+        observed: ev.WorkspaceObserved | None = None,
     ) -> ToolOutcome:
         """Settle the call once, by its latest attempt: a retry after a commit cut off finds
         it settled and answers what settled it. From ``before`` (the part as read when the call
         began) the store writes it at once where it can, else it decides again from the part
         as its fenced transaction reads it (a part that moved: progress, an answer, another
         settlement)."""
-        event = _settlement(run, error, output)
+        event = _settlement(run, error, output).model_copy(update={"host": self.rt.host})
         outcome = _settled_outcome(run, error)
 
         written = [event, *(output.events if output is not None else ())]
+        if observed is not None:
+            written.append(observed)
         todos = [e.todos for e in written if isinstance(e, ev.TodoUpdated)]
         if todos:
             outcome = outcome.model_copy(update={"todos": todos[-1]})
@@ -247,6 +298,33 @@ def _settled_outcome(run: ToolAttempt, error: SessionError | None) -> ToolOutcom
     if error is not None:
         return ToolOutcome(call_id=run.call_id, status="error", error=error)
     return ToolOutcome(call_id=run.call_id, status="completed")
+
+
+def _not_this_host(ours: str | None, theirs: str) -> ApplicationError:
+    """A call that reached a worker of another host (or one that runs no tools): nothing ran;
+    Temporal hands the attempt to another worker of the queue."""
+    worker = f"host {ours}" if ours else "no host (it runs turns only)"
+    return ApplicationError(
+        f"this worker serves {worker}, and the session's tools run on host {theirs}: "
+        "the call did not run here",
+        type="WrongHost",
+    )
+
+
+def _host_gone(host: str, name: str, *, ran: bool) -> SessionError:
+    if ran:
+        return SessionError(
+            type="tool.outcome-unknown",
+            message=(
+                f"host `{host}` stopped while the {name} call ran, and no worker of it came "
+                f"back within its lease: the call may or may not have run. Check its effects "
+                f"before calling it again."
+            ),
+        )
+    return SessionError(
+        type="tool.host-unavailable",
+        message=f"host `{host}` is not running; the tool did not run",
+    )
 
 
 def _outcome_unknown(name: str) -> SessionError:

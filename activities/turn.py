@@ -267,7 +267,11 @@ class TurnActivities:
         entries = session.settings.get("context") or {}
         now: dict[str, str] | None
         try:
-            now = context.sources(session.directory, entries, context.tool_settings(self.rt.tools))
+            if self.rt.runs_tools_of(session):
+                settings = context.tool_settings(self.rt.tools)
+                now = context.sources(session.directory, entries, settings)
+            else:  # the workspace is on another host: as that host last read it
+                now = context.observed_sources(session.settings.get("observed"), entries)
         except context.Unobservable as unseen:
             now, why = None, str(unseen)
         first = session.requests == 0

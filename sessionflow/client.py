@@ -58,6 +58,7 @@ from sessionflow.models.common import (
     Tokens,
 )
 from sessionflow.models.drain import (
+    LOCAL_HOST,
     SESSION_ID_SEARCH_ATTRIBUTE,
     TASK_QUEUE,
     DrainInput,
@@ -78,9 +79,11 @@ from sessionflow.models.permissions import (
     RespondResult,
     Rule,
 )
+from sessionflow.placement import place
 from sessionflow.settings import Settings
 from store import Store, open_store
 from store.events import StoredEvent
+from store.hosts import HostWorker
 from store.inputs import InputReceipt
 from store.sessions import SessionInfo
 
@@ -218,11 +221,13 @@ class SessionClient:
         *,
         task_queue: str = TASK_QUEUE,
         agents: Agents | None = None,
+        host: str = LOCAL_HOST,
     ) -> None:
         self.temporal = client
         self.store = store
         self.task_queue = task_queue
         self.agents = agents or Agents()
+        self.host = host  # where new sessions are placed (``SESSIONFLOW_HOST``)
         # When a full look found no worker on a queue: one command asks once (``_polled``).
         self._unpolled: dict[str, float] = {}
 
@@ -248,7 +253,8 @@ class SessionClient:
         if store is None:
             url = locate.database_url(database_url, address=temporal_address, task_queue=task_queue)
             store = await open_store(url, settings=settings)
-        return cls(client, store, task_queue=task_queue, agents=load_agents(settings.agents_file))
+        agents = load_agents(settings.agents_file)
+        return cls(client, store, task_queue=task_queue, agents=agents, host=settings.host)
 
     async def __aenter__(self) -> SessionClient:
         return self
@@ -282,10 +288,14 @@ class SessionClient:
         network: bool = False,
         approval_timeout: float | None = None,
         mcp: Mapping[str, bool] | None = None,
+        host: str | None = None,
     ) -> str:
         """Create a session; its workspace and model are checked and made absolute first (a
         relative path is the caller's, not the worker's): a missing or non-directory workspace,
         an unknown provider or a script that does not load is an ``InvalidInputError``.
+
+        ``host`` (default: this client's, else ``local``) places it: its tools run on that
+        host's workers, which check the workspace where it lives (``sessionflow/placement``).
 
         ``mcp`` turns the workers' configured MCP servers (``SESSIONFLOW_MCP``) on or off for
         this session by name; a server it does not name keeps its configured ``enabled``."""
@@ -317,17 +327,40 @@ class SessionClient:
             "mcp": _mcp_choices(mcp),
         }
         settings.update({key: value for key, value in optional.items() if value})
-        directory, ref = validate.workspace(workspace), validate.model(model)
+        ref = validate.model(model)
         await self._require_same_store()
+        where = await place(
+            self.temporal, self.store, self.task_queue, host or self.host, workspace
+        )
         info = await self.store.sessions.create(
-            directory,
+            where.directory,
             session_id=session_id,
             title=title,
             model=ref,
             settings=settings,
             agent=agent,
+            host=where.host,
+            observed=where.observed,
         )
         return info.id
+
+    async def move(
+        self, session_id: str, host: str, *, workspace: str | None = None
+    ) -> SessionInfo:
+        """Move the session's tools to ``host`` (and ``workspace`` there; default: the same
+        path), between busy periods only (``SessionBusyError``); recorded as ``session.moved``.
+        The new host checks the workspace first, as at creation."""
+        info = await self.store.sessions.get(session_id)
+        where = await place(
+            self.temporal, self.store, self.task_queue, host, workspace or info.directory
+        )
+        return await self.store.sessions.move(
+            session_id, where.host, where.directory, observed=where.observed
+        )
+
+    async def hosts(self) -> list[HostWorker]:
+        """Every host's worker leases, most recently seen first (``store/hosts.py``)."""
+        return await self.store.hosts.workers()
 
     async def session(self, session_id: str) -> SessionInfo:
         return await self.store.sessions.get(session_id)

@@ -6,14 +6,17 @@
     │   ├── PayloadTooLargeError             an event or prompt above the configured cap
     │   ├── UnencodableTextError             text for a model holding a lone surrogate
     │   ├── UnsafeBindError                  the API asked to listen off loopback without a token
-    │   └── WrongRequestKindError            an approval for a question, an answer for an ask
+    │   ├── WrongRequestKindError            an approval for a question, an answer for an ask
+    │   ├── InvalidHostError                 a host name outside ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$
+    │   └── UnknownHostError                 a host no worker ever registered
     ├── NotFoundError
     │   ├── SessionNotFoundError
     │   └── RequestNotWaitingError           an answer for a request that is unknown or settled
     ├── ConflictError
     │   ├── InputConflictError               same input id, different content
     │   ├── LifecycleConflictError           an input projection contradicts stored state
-    │   └── StoreMismatchError               the workers of the queue write to another store
+    │   ├── StoreMismatchError               the workers of the queue write to another store
+    │   └── SessionBusyError                 a change only allowed between busy periods (move)
     ├── StoreError
     │   ├── InvalidDurableEventError         a defect in the event store contract (reference §2.3)
     │   ├── SequenceConflictError            two writers raced for one (aggregate, seq)
@@ -24,7 +27,8 @@
     │   ├── ClaimHeldError                   a live claim of another execution; retry at expires_at
     │   └── ClaimLostError                   the claim expired, was taken over or released: stop
     │       └── StaleAttemptError            a write from an older step or tool attempt
-    └── NoWorkerError                        no worker polls the session's task queue (client side)
+    ├── NoWorkerError                        no worker polls the session's task queue (client side)
+    └── HostUnavailableError                 the host's workers are gone or did not answer
 
 Every error says what was wrong and what to do. Activities translate these into Temporal
 ``ApplicationError``s whose ``type`` is the class name; ``ClaimLostError`` is non-retryable.
@@ -131,6 +135,28 @@ class UnsafeBindError(InvalidInputError):
         self.host = host
 
 
+class InvalidHostError(InvalidInputError):
+    def __init__(self, value: object) -> None:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        super().__init__(
+            f"Invalid host name {shown}: a host is 1 to 64 characters from A-Z, a-z, 0-9, "
+            f"'_', '.' and '-', starting with a letter or digit (e.g. ci-3, devbox.local)."
+        )
+        self.value = value
+
+
+class UnknownHostError(InvalidInputError):
+    def __init__(self, host: str, known: list[str]) -> None:
+        hosts = ", ".join(known) if known else "none"
+        super().__init__(
+            f"host `{host}` has never registered: no worker of it ever ran against this "
+            f"store (hosts known: {hosts}). Start one with `sessionflow worker --host {host}` "
+            f"(or SESSIONFLOW_HOST={host}), or choose a known host. Nothing was created."
+        )
+        self.host = host
+        self.known = known
+
+
 class NotFoundError(SessionflowError, LookupError):
     """Something named by id does not exist."""
 
@@ -186,6 +212,15 @@ class StoreMismatchError(ConflictError):
         self.task_queue = task_queue
         self.ours = ours
         self.theirs = theirs
+
+
+class SessionBusyError(ConflictError):
+    def __init__(self, session_id: str, what: str) -> None:
+        super().__init__(
+            f"session {session_id} is busy: {what} only between busy periods. Wait for it to "
+            f"finish (or interrupt it), then try again. Nothing was changed."
+        )
+        self.session_id = session_id
 
 
 class StoreError(SessionflowError):
@@ -317,3 +352,15 @@ class NoWorkerError(SessionflowError):
         self.task_queue = task_queue
         self.pending_inputs = pending_inputs
         self.sent = sent
+
+
+class HostUnavailableError(SessionflowError):
+    """The host's workers are gone (no live lease), or none of them answered in time."""
+
+    def __init__(self, host: str, detail: str) -> None:
+        super().__init__(
+            f"host `{host}` is not running: {detail}. Start a worker with "
+            f"`sessionflow worker --host {host}`, or choose another host."
+        )
+        self.host = host
+        self.detail = detail

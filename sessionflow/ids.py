@@ -11,9 +11,10 @@ import re
 import secrets
 import time
 
-from sessionflow.errors import InvalidIdError
+from sessionflow.errors import InvalidHostError, InvalidIdError
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
+HOST_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 def new_id(prefix: str) -> str:
@@ -44,4 +45,11 @@ def validate_id(value: object, kind: str = "session") -> str:
     """Return ``value`` if it is a well-formed id, else raise ``InvalidIdError``."""
     if not isinstance(value, str) or not ID_PATTERN.match(value):
         raise InvalidIdError(kind, value)
+    return value
+
+
+def validate_host(value: object) -> str:
+    """Return ``value`` if it is a well-formed host name, else raise ``InvalidHostError``."""
+    if not isinstance(value, str) or not HOST_PATTERN.match(value):
+        raise InvalidHostError(value)
     return value

@@ -31,6 +31,14 @@ Environment variables (all optional):
   the default 1,000 activity slots; claim renewals have two of their own besides
   (``store.db.Pools``). A worker process opens at most size + overflow + 8 connections.
 - ``SESSIONFLOW_AGENTS``: a TOML or JSON file of custom agents (``activities/agents.py``).
+- ``SESSIONFLOW_HOST``: the host whose tools this worker runs, on ``<task queue>@<host>``
+  (default ``local``: the tools run on the shared queue, as on a single machine); also the
+  host a client places new sessions on.
+- ``SESSIONFLOW_SERVE``: ``all`` (default: turns and orchestration on the shared queue, and
+  the host's tools), ``turns`` (no tools at all: a turn-only worker) or ``tools`` (only the
+  host's tools: a machine that lends its workspaces, "remote brain, local hands").
+- ``SESSIONFLOW_HOST_LEASE_MS``: how long a host whose workers stopped renewing still counts
+  as running (default: ``SESSIONFLOW_LEASE_MS``); a call for a host gone longer fails at once.
 """
 
 from __future__ import annotations
@@ -102,6 +110,15 @@ class Settings(BaseModel):
     max_depth: int = Field(default=3, ge=0, le=32)
     db_pool_size: int = Field(default=10, ge=1)
     db_pool_overflow: int = Field(default=10, ge=0)
+    host: str = Field(default="local", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    serve: Literal["all", "turns", "tools"] = "all"
+    # A host's lease (its workers renew it every third); None: the claim's ``lease_ms``.
+    host_lease_ms: int | None = Field(default=None, ge=1_000)
+
+    @property
+    def host_lease(self) -> int:
+        """How long a host's silent workers count as running (ms)."""
+        return self.lease_ms if self.host_lease_ms is None else self.host_lease_ms
 
     @field_validator("sandbox_mount", "sandbox_hide", mode="before")
     @classmethod
@@ -135,4 +152,7 @@ _VARIABLES = (
     ("max_depth", "SESSIONFLOW_MAX_DEPTH"),
     ("db_pool_size", "SESSIONFLOW_DB_POOL_SIZE"),
     ("db_pool_overflow", "SESSIONFLOW_DB_POOL_OVERFLOW"),
+    ("host", "SESSIONFLOW_HOST"),
+    ("serve", "SESSIONFLOW_SERVE"),
+    ("host_lease_ms", "SESSIONFLOW_HOST_LEASE_MS"),
 )

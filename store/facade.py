@@ -18,6 +18,7 @@ from store import projector
 from store.claims import Claim, Claims, fence_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
+from store.hosts import Hosts
 from store.inputs import Inputs
 from store.notify import Notifier
 from store.sessions import Sessions, StepBasis
@@ -55,6 +56,7 @@ class Store(Writes):
     claims: Claims
     inputs: Inputs
     sessions: Sessions
+    hosts: Hosts
     writer: SqliteWriter | PostgresWriter | None = field(default=None)
     tool_runs: ToolRuns = field(default_factory=ToolRuns)
 
@@ -320,5 +322,6 @@ async def open_store(
         claims=Claims(db, lease_ms=settings.lease_ms),
         inputs=Inputs(db, events),
         sessions=Sessions(db, events, fetch=fetch),
+        hosts=Hosts(db, lease_ms=settings.host_lease),
         writer=writer,
     )

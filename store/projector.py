@@ -87,13 +87,42 @@ async def _created(tx: Tx, stored: StoredEvent, event: ev.SessionCreated) -> Non
         "title": codec.column_text(event.title),
         "model": codec.dumps(event.model.model_dump(mode="json")) if event.model else None,
         "agent": event.agent,
-        "settings": codec.dumps(event.settings) if event.settings is not None else None,
+        "host": event.host,
+        "settings": codec.dumps(_observing(event.settings, event.observed)),
         "time_created": stored.created,
         "time_updated": stored.created,
     }
     statement = insert(tx.dialect, session_table).values(**values).on_conflict_do_nothing()
     if not await _inserted(tx, statement.returning(session_table.c.id)):
         raise InvalidDurableEventError(f"Session {event.session_id} already exists")
+
+
+def _observing(settings: dict[str, Any] | None, observed: dict[str, str] | None) -> Any:
+    if observed is None:
+        return settings
+    return {**(settings or {}), "observed": observed}
+
+
+@handles(ev.SessionMoved)
+async def _moved(tx: Tx, stored: StoredEvent, event: ev.SessionMoved) -> None:
+    """A moved session's context baseline is rebuilt from the new workspace at its next turn
+    (reference §7.2 #5: the checkpoint goes with the move)."""
+    settings = await _settings(tx, event.session_id)
+    settings["baseline"] = None  # None, not absent: rebuilt, as after a compaction
+    settings.pop("observed", None)
+    values = {
+        "host": event.host,
+        "directory": codec.column_text(event.directory),
+        "settings": codec.dumps(_observing(settings, event.observed)),
+        "time_updated": stored.created,
+    }
+    await _update_session(tx, event.session_id, values)
+
+
+@handles(ev.WorkspaceObserved)
+async def _observed(tx: Tx, stored: StoredEvent, event: ev.WorkspaceObserved) -> None:
+    settings = _observing(await _settings(tx, event.session_id), event.instructions)
+    await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
 
 
 @handles(ev.SessionRenamed, ev.ModelSelected, ev.AgentSelected)

@@ -37,6 +37,8 @@ class SessionRow(Base):
     directory: Mapped[str] = mapped_column(sa.Text)
     workspace_id: Mapped[str | None] = mapped_column(sa.String(128))
     parent_id: Mapped[str | None] = mapped_column(sa.String(128))
+    # The host whose workers run the session's tools (None: ``local``); changed only by a move.
+    host: Mapped[str | None] = mapped_column(sa.String(128))
     title: Mapped[str] = mapped_column(sa.Text, default="")
     model: Mapped[str | None] = mapped_column(sa.Text)
     agent: Mapped[str | None] = mapped_column(sa.String(128))
@@ -230,6 +232,21 @@ class ToolRunRow(Base):
     time_created: Mapped[Millis]
 
 
+class HostLeaseRow(Base):
+    """One worker's lease on a host: it serves that host's tools while ``last_seen`` is within
+    the lease (``store/hosts.py``). A host is live while any of its workers' leases is."""
+
+    __tablename__ = "host_lease"
+
+    host: Mapped[Id] = mapped_column(primary_key=True)
+    worker: Mapped[str] = mapped_column(sa.String(512), primary_key=True)
+    task_queue: Mapped[str] = mapped_column(sa.Text)
+    version: Mapped[str] = mapped_column(sa.String(64))
+    tools: Mapped[JsonText]  # the tools it offers: name, description, schema, retry-safety
+    started_at: Mapped[Millis]
+    last_seen: Mapped[Millis]
+
+
 session_table = cast(sa.Table, SessionRow.__table__)
 message_table = cast(sa.Table, MessageRow.__table__)
 part_table = cast(sa.Table, PartRow.__table__)
@@ -239,3 +256,4 @@ event_table = cast(sa.Table, EventRow.__table__)
 execution_table = cast(sa.Table, ExecutionRow.__table__)
 recovery_table = cast(sa.Table, RecoveryRow.__table__)
 tool_run_table = cast(sa.Table, ToolRunRow.__table__)
+host_lease_table = cast(sa.Table, HostLeaseRow.__table__)

@@ -10,14 +10,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sessionflow.errors import SessionNotFoundError
+from sessionflow.errors import SessionBusyError, SessionNotFoundError
 from sessionflow.ids import session_id as new_session_id
-from sessionflow.ids import validate_id
+from sessionflow.ids import validate_host, validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, Tokens
+from sessionflow.models.drain import LOCAL_HOST
 from sessionflow.models.messages import MESSAGE_ADAPTER, AssistantMessage, Message, ToolPart
 from store import codec
 from store.db import Database, Tx
+from store.dialect import for_update, now_ms
 from store.events import EventStore
 from store.prepared import Prepared
 from store.projector import PART_ADAPTER
@@ -49,6 +51,7 @@ class SessionInfo:
     time_created: int
     time_updated: int
     requests: int = 0  # provider requests made so far (retries and summaries count)
+    host: str = LOCAL_HOST  # whose workers run its tools (``store/hosts.py``)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ class Sessions:
         workspace_id: str | None = None,
         parent_id: str | None = None,
         settings: dict[str, Any] | None = None,
+        host: str | None = None,
+        observed: dict[str, str] | None = None,
     ) -> SessionInfo:
         """Create a session; its ``session.created`` event is seq 0 of its log."""
         sid = validate_id(session_id) if session_id is not None else new_session_id()
@@ -159,9 +164,51 @@ class Sessions:
             workspace_id=workspace_id,
             parent_id=parent_id,
             settings=settings,
+            host=None if host in (None, LOCAL_HOST) else validate_host(host),
+            observed=observed,
         )
         await self.events.publish(event)
         return await self.get(sid)
+
+    async def move(
+        self,
+        session_id: str,
+        host: str,
+        directory: str,
+        *,
+        observed: dict[str, str] | None = None,
+    ) -> SessionInfo:
+        """Record ``session.moved`` to ``host`` and ``directory``, only while no live claim
+        holds the session (``SessionBusyError``). The session row is locked first: a busy
+        period's claim writes it (its epoch), so the check and the event cannot interleave
+        with a claim being granted."""
+        validate_host(host)
+
+        async def move(tx: Tx) -> None:
+            lock = for_update(
+                tx.dialect, sa.select(_s.host, _s.directory).where(_s.id == session_id)
+            )
+            row = (await tx.conn.execute(lock)).first()
+            if row is None:
+                raise SessionNotFoundError(session_id)
+            live = sa.select(execution_table.c.id).where(
+                execution_table.c.session_id == session_id,
+                execution_table.c.expires_at > now_ms(tx.dialect),
+            )
+            if (await tx.conn.execute(live)).first() is not None:
+                raise SessionBusyError(session_id, "a session moves")
+            event = ev.SessionMoved(
+                session_id=session_id,
+                host=host,
+                directory=directory,
+                previous_host=row.host or LOCAL_HOST,
+                previous_directory=row.directory,
+                observed=observed,
+            )
+            await self.events.publish(event, tx=tx)
+
+        await self.db.transact(move)
+        return await self.get(session_id)
 
     async def get(self, session_id: str, *, tx: Tx | None = None) -> SessionInfo:
         """The session as of now, or as ``tx`` sees it when given."""
@@ -403,6 +450,7 @@ def _info(row: Any) -> SessionInfo:
         parent_id=row.parent_id,
         settings=codec.loads(row.settings) if row.settings else {},
         requests=int(row.request_count or 0),
+        host=row.host or LOCAL_HOST,
         cost=float(row.cost),
         tokens=Tokens(
             input=row.tokens_input,

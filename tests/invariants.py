@@ -30,6 +30,7 @@ UNSTAMPED = {
     "session.compaction.admitted",
     "session.model.selected",
     "session.agent.selected",
+    "session.moved",  # between busy periods, as a selection is
     "session.context.set",
     "session.context.deleted",
 }

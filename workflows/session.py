@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 from workflows.approvals import Approvals
 from workflows.children import Children
+from workflows.hosts import HostCalls
+from workflows.options import CLAIM, CLAIM_AT_ONCE, COMPACT, SHORT, TOOL, TURN, call
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.common import SessionError
     from sessionflow.models.drain import (
+        LOCAL_HOST,
         RESUME_BUDGET,
         AcquireInput,
         CallRef,
@@ -85,120 +87,6 @@ TRANSIENT_TYPES = frozenset(
         "RPCError",
     }
 )
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Options:
-    start_to_close: timedelta
-    retry: RetryPolicy
-    heartbeat: timedelta | None = None
-    # Interruptible activities heartbeat; the workflow waits until they really stopped.
-    cancellation: workflow.ActivityCancellationType = workflow.ActivityCancellationType.TRY_CANCEL
-    # Short bookkeeping runs as a local activity: in the workflow's own task, saving a
-    # round trip through the server (~35 ms here) on the path between two model turns.
-    local: bool = False
-
-
-# Settlement activities are short and always run to the end, even when an interrupt cancels
-# the drain: cutting one off would race its commit against the busy period's terminal event.
-SHORT = Options(
-    timedelta(seconds=60),
-    RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
-        maximum_interval=timedelta(seconds=10),
-        maximum_attempts=20,
-        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
-    ),
-    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-    local=True,
-)
-CLAIM = Options(
-    timedelta(seconds=60),
-    RetryPolicy(
-        initial_interval=timedelta(milliseconds=500),
-        maximum_interval=timedelta(seconds=30),
-        non_retryable_error_types=[
-            "ClaimLostError",
-            "SessionNotFoundError",
-            "InvalidIdError",
-            "InvalidInputError",
-        ],
-    ),
-    # An attempt that runs when the interrupt lands finishes, so a granted claim is known
-    # (and released with the terminal event) rather than left behind.
-    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-)
-# The common case -- nobody else holds the claim -- as one attempt inside the workflow task;
-# anything else (a held claim, a database blip) goes on to CLAIM and its retries.
-CLAIM_AT_ONCE = Options(
-    timedelta(seconds=60),
-    RetryPolicy(maximum_attempts=1),
-    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-    local=True,
-)
-# The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
-TURN = Options(
-    timedelta(minutes=30),
-    RetryPolicy(maximum_attempts=1),
-    heartbeat=timedelta(seconds=5),
-    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-)
-# A compaction is idempotent per compaction id, so Temporal may retry it (a killed worker).
-COMPACT = Options(
-    timedelta(minutes=30),
-    RetryPolicy(
-        initial_interval=timedelta(milliseconds=500),
-        maximum_attempts=3,
-        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
-    ),
-    heartbeat=timedelta(seconds=5),
-    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-)
-TOOL = Options(
-    timedelta(hours=2),
-    RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
-        maximum_attempts=3,
-        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
-    ),
-    heartbeat=timedelta(seconds=5),
-    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-)
-
-
-async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
-    """Run an activity by name (workflows hold no activity code) with typed input and output."""
-    if options.local:
-        local = asyncio.ensure_future(
-            workflow.execute_local_activity(
-                name,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=options.start_to_close,
-                retry_policy=options.retry,
-                cancellation_type=options.cancellation,
-                summary=summary,
-            )
-        )
-        try:
-            return cast(T, await asyncio.shield(local))
-        except asyncio.CancelledError:
-            # An interrupt never cuts a local activity off: it would roll back what it was
-            # committing (a granted claim, a settlement) and end the busy period "failed:
-            # Cancelled". It runs to its end; the drain checks ``stopping`` after every one.
-            return cast(T, await local)
-    result = await workflow.execute_activity(
-        name,
-        arg,
-        result_type=result_type,
-        start_to_close_timeout=options.start_to_close,
-        heartbeat_timeout=options.heartbeat,
-        retry_policy=options.retry,
-        cancellation_type=options.cancellation,
-        summary=summary,
-    )
-    return cast(T, result)
 
 
 class Interrupted(Exception):
@@ -242,6 +130,8 @@ class SessionWorkflow:
         self.running: dict[str, RunningTool] = {}
         self.approvals = Approvals()
         self.children = Children()
+        self.hosts = HostCalls()
+        self.host = LOCAL_HOST  # whose queue runs the tools (the session's host, per busy period)
         self.max_active_tools = 8
         # The parent's ``task`` call this session's busy period answers (a child session).
         self.parent: ParentCall | None = None
@@ -268,6 +158,8 @@ class SessionWorkflow:
             details += " · running " + ", ".join(t.name for t in self.running.values())
         for ask in self.approvals.waiting():
             details += f" · waiting for an answer: {ask.tool} `{ask.summary}` ({ask.request_id})"
+        for host in self.hosts.waiting_hosts():
+            details += f" · waiting for host {host}"
         for child in self.children.waiting():
             details += f" · waiting for subagent {child.agent} {child.session_id}"
         if self.parent is not None:
@@ -343,6 +235,8 @@ class SessionWorkflow:
             pending_wake=self.pending_wake,
             waiting=self.approvals.waiting(),
             children=self.children.waiting(),
+            host=self.host,
+            waiting_hosts=self.hosts.waiting_hosts(),
         )
 
     def _interrupt(self, request: InterruptRequest) -> bool:
@@ -494,6 +388,8 @@ class SessionWorkflow:
             self.semaphore = asyncio.Semaphore(max(1, resume.max_active_tools))
             self.max_active_tools = max(1, resume.max_active_tools)
             self.parent = resume.parent
+            self.host = resume.host
+            self.hosts.lease_ms = resume.host_lease_ms
             self.turn_timeout_s = resume.turn_timeout_s
             self.retry_backoff_ms = resume.retry_backoff_ms
             limits = (resume.max_steps, resume.max_active_tools)
@@ -515,6 +411,10 @@ class SessionWorkflow:
             raise DrainFailure(prep.failure)
         if not prep.run:
             return
+        self.host = prep.host
+        self.hosts.lease_ms = prep.host_lease_ms
+        if not prep.host_live:
+            self.hosts.down.add(prep.host)
         self.turn_timeout_s = prep.turn_timeout_s
         self.retry_backoff_ms = prep.retry_backoff_ms
         self.semaphore = asyncio.Semaphore(max(1, prep.max_active_tools))
@@ -577,6 +477,8 @@ class SessionWorkflow:
             turn_timeout_s=self.turn_timeout_s,
             retry_backoff_ms=self.retry_backoff_ms,
             parent=self.parent,
+            host=self.host,
+            host_lease_ms=self.hosts.lease_ms,
         )
         workflow.continue_as_new(self._carry(resume))
 
@@ -726,8 +628,8 @@ class SessionWorkflow:
         self, claim: ClaimRef, assistant_id: str, calls: tuple[CallRef, ...]
     ) -> list[ToolOutcome]:
         """Start any call whose signal was lost, then wait for every tool of the step."""
-        for call in calls:
-            self._start_tool(claim, assistant_id, call.call_id, call.name)
+        for ref in calls:
+            self._start_tool(claim, assistant_id, ref.call_id, ref.name)
         self.phase = "tools" if self.tool_tasks else self.phase
         tasks = list(self.tool_tasks.values())
         outcomes = list(await asyncio.gather(*tasks)) if tasks else []
@@ -798,8 +700,12 @@ class SessionWorkflow:
                 summary = f"{request.name} {request.call_id}"
                 # A task call's settlement from its child's answer is short bookkeeping: it
                 # runs in the workflow's own task, like the step's.
-                options = SHORT if request.child is not None else TOOL
-                outcome = await call("run_tool", request, ToolOutcome, summary, options)
+                if request.child is not None:
+                    outcome = await call("run_tool", request, ToolOutcome, summary, SHORT)
+                elif self.host != LOCAL_HOST:
+                    outcome = await self.hosts.run(self.host, request, TOOL)
+                else:
+                    outcome = await call("run_tool", request, ToolOutcome, summary, TOOL)
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
                     raise asyncio.CancelledError() from error

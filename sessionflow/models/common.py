@@ -26,6 +26,7 @@ ErrorType = Literal[
     "tool.result-missing",
     "tool.input-json",
     "tool.outcome-unknown",
+    "tool.host-unavailable",
     "aborted",
     "compaction.failed",
     "compaction.interrupted",

@@ -22,6 +22,17 @@ WORKFLOW_ID_PREFIX = "session-"
 SESSION_ID_SEARCH_ATTRIBUTE = "SessionId"
 
 
+# The host of workers started without a host name: its tools run on the shared task queue
+# itself, so a single machine works exactly as before hosts existed (and a tool call is
+# handed straight back to the worker that scheduled it, Temporal's eager start).
+LOCAL_HOST = "local"
+
+
+def tool_queue(task_queue: str, host: str) -> str:
+    """The task queue of ``host``'s tools: ``<task queue>@<host>``, the shared one for local."""
+    return task_queue if host == LOCAL_HOST else f"{task_queue}@{host}"
+
+
 def workflow_id(session_id: str) -> str:
     return f"{WORKFLOW_ID_PREFIX}{session_id}"
 
@@ -62,6 +73,8 @@ class DrainResume(Model):
     retry_backoff_ms: int = 2000
     # A child session's task call, owed the busy period's outcome (None: not a child's).
     parent: ParentCall | None = None
+    host: str = LOCAL_HOST
+    host_lease_ms: int = 30_000
 
 
 class DrainInput(Model):
@@ -154,6 +167,9 @@ class DrainStatus(Model):
     waiting: tuple[PermissionRequest, ...] = ()
     # Child sessions the busy period's ``task`` calls wait on.
     children: tuple[ChildWait, ...] = ()
+    host: str = LOCAL_HOST
+    # Hosts a running call waits for: their workers stopped answering (restarting, or gone).
+    waiting_hosts: tuple[str, ...] = ()
 
 
 # --- activities ---------------------------------------------------------------------------------
@@ -193,6 +209,11 @@ class PrepareResult(Model):
     retry_backoff_ms: int = 2000
     # The session is a child whose ``task`` call waits for this busy period's outcome.
     parent: ParentCall | None = None
+    # The host whose queue runs the session's tools, and whether it had a live worker.
+    host: str = LOCAL_HOST
+    host_live: bool = True
+    # How long the host's silent workers count as running (``SESSIONFLOW_HOST_LEASE_MS``).
+    host_lease_ms: int = 30_000
 
 
 class ClaimAndPrepareResult(Model):
@@ -284,6 +305,41 @@ class ToolInput(Model):
     child: ChildFinished | None = None
     # Why the workflow refuses the call before it starts (a bound of the session tree).
     refused: str | None = None
+    # Attempts of earlier activities for this call (a call rescheduled on its host's queue
+    # after its schedule-to-start timeout): the attempt fence counts on from them.
+    attempt_base: int = 0
+
+
+class WorkspaceCheckInput(Model):
+    """A workspace to check on the host that will run the session's tools."""
+
+    directory: str
+
+
+class WorkspaceCheckResult(Model):
+    host: str
+    directory: str | None = None  # made absolute on the host; None when the check failed
+    error: str | None = None
+    instructions: dict[str, str] | None = None  # the instruction files it holds, as read there
+
+
+class HostStateInput(Model):
+    host: str
+
+
+class HostStateResult(Model):
+    host: str
+    status: Literal["live", "late", "gone"]
+    ever: bool = True
+    seen_ms_ago: int | None = None
+
+
+class UnreachableInput(Model):
+    """Settle a call whose host has no live worker (from the shared queue)."""
+
+    tool: ToolInput
+    host: str
+    attempt: int  # above every attempt the host's workers made, fencing them out
 
 
 class ToolOutcome(Model):

@@ -74,6 +74,30 @@ class SessionCreated(SessionEventBase):
     workspace_id: str | None = None
     parent_id: str | None = None
     settings: dict[str, Any] | None = None
+    # The host whose workers run its tools (None: ``local``), and the instruction files its
+    # workspace held when that host checked it (file name -> text).
+    host: str | None = None
+    observed: dict[str, str] | None = None
+
+
+class SessionMoved(SessionEventBase):
+    """The session's tools run on another host (or in another workspace) from now on;
+    recorded between busy periods only. The context baseline is rebuilt at the next turn."""
+
+    type: Literal["session.moved"] = "session.moved"
+    host: str
+    directory: str
+    previous_host: str
+    previous_directory: str
+    observed: dict[str, str] | None = None
+
+
+class WorkspaceObserved(SessionEventBase):
+    """The instruction files of the workspace as its host last read them, for turns that run
+    on workers of other hosts (file name -> text)."""
+
+    type: Literal["session.workspace.observed"] = "session.workspace.observed"
+    instructions: dict[str, str] = Field(default_factory=dict)
 
 
 class SessionRenamed(SessionEventBase):
@@ -341,6 +365,7 @@ class ToolProgress(SessionEventBase):
     call_id: str
     structured: dict[str, Any] = Field(default_factory=dict)
     content: tuple[ContentPart, ...] = ()
+    host: str | None = None  # the host whose worker ran the tool
 
 
 class ToolSucceeded(SessionEventBase):
@@ -355,6 +380,7 @@ class ToolSucceeded(SessionEventBase):
     result_state: dict[str, Any] | None = None
     # The whole output when ``content`` was cut for the model (kept here, never in a payload).
     output: str | None = None
+    host: str | None = None  # the host whose worker ran the tool (None: not a local run)
 
 
 class ToolFailed(SessionEventBase):
@@ -365,6 +391,7 @@ class ToolFailed(SessionEventBase):
     result: Any = None
     executed: bool = False
     result_state: dict[str, Any] | None = None
+    host: str | None = None  # the host whose worker ran (or could not run) the tool
 
 
 # --- permissions and questions ------------------------------------------------------------------
@@ -392,6 +419,8 @@ class PermissionReplied(SessionEventBase):
 
 SessionEvent = Annotated[
     SessionCreated
+    | SessionMoved
+    | WorkspaceObserved
     | SessionRenamed
     | ModelSelected
     | AgentSelected

@@ -38,6 +38,8 @@ async def main(address: str, task_queue: str, url: str, schema: str | None) -> N
         mcp=mcp_from_env(settings),
         agents=load_agents(settings.agents_file),
         max_depth=settings.max_depth,
+        host=settings.host,
+        serve=settings.serve,
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

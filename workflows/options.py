@@ -1,0 +1,134 @@
+"""Activity options of the session drain, and ``call``: an activity by name, typed.
+
+Workflow code only (no I/O): the drain and its components (``workflows/hosts.py``) share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Options:
+    start_to_close: timedelta
+    retry: RetryPolicy
+    heartbeat: timedelta | None = None
+    # Interruptible activities heartbeat; the workflow waits until they really stopped.
+    cancellation: workflow.ActivityCancellationType = workflow.ActivityCancellationType.TRY_CANCEL
+    # Short bookkeeping runs as a local activity: in the workflow's own task, saving a
+    # round trip through the server (~35 ms here) on the path between two model turns.
+    local: bool = False
+    # Where it runs (None: the workflow's own queue), and how long it may wait for a worker.
+    task_queue: str | None = None
+    schedule_to_start: timedelta | None = None
+
+
+# Settlement activities are short and always run to the end, even when an interrupt cancels
+# the drain: cutting one off would race its commit against the busy period's terminal event.
+SHORT = Options(
+    timedelta(seconds=60),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=200),
+        maximum_interval=timedelta(seconds=10),
+        maximum_attempts=20,
+        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
+    ),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    local=True,
+)
+CLAIM = Options(
+    timedelta(seconds=60),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=500),
+        maximum_interval=timedelta(seconds=30),
+        non_retryable_error_types=[
+            "ClaimLostError",
+            "SessionNotFoundError",
+            "InvalidIdError",
+            "InvalidInputError",
+        ],
+    ),
+    # An attempt that runs when the interrupt lands finishes, so a granted claim is known
+    # (and released with the terminal event) rather than left behind.
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+# The common case -- nobody else holds the claim -- as one attempt inside the workflow task;
+# anything else (a held claim, a database blip) goes on to CLAIM and its retries.
+CLAIM_AT_ONCE = Options(
+    timedelta(seconds=60),
+    RetryPolicy(maximum_attempts=1),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    local=True,
+)
+# The drain owns provider retries (reference §4.7), so Temporal never re-runs a turn.
+TURN = Options(
+    timedelta(minutes=30),
+    RetryPolicy(maximum_attempts=1),
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+# A compaction is idempotent per compaction id, so Temporal may retry it (a killed worker).
+COMPACT = Options(
+    timedelta(minutes=30),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=500),
+        maximum_attempts=3,
+        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
+    ),
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+TOOL = Options(
+    timedelta(hours=2),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=200),
+        maximum_attempts=3,
+        non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
+    ),
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+)
+
+
+async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
+    """Run an activity by name (workflows hold no activity code) with typed input and output."""
+    if options.local:
+        local = asyncio.ensure_future(
+            workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=options.start_to_close,
+                retry_policy=options.retry,
+                cancellation_type=options.cancellation,
+                summary=summary,
+            )
+        )
+        try:
+            return cast(T, await asyncio.shield(local))
+        except asyncio.CancelledError:
+            # An interrupt never cuts a local activity off: it would roll back what it was
+            # committing (a granted claim, a settlement) and end the busy period "failed:
+            # Cancelled". It runs to its end; the drain checks ``stopping`` after every one.
+            return cast(T, await local)
+    result = await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        task_queue=options.task_queue,
+        schedule_to_start_timeout=options.schedule_to_start,
+        start_to_close_timeout=options.start_to_close,
+        heartbeat_timeout=options.heartbeat,
+        retry_policy=options.retry,
+        cancellation_type=options.cancellation,
+        summary=summary,
+    )
+    return cast(T, result)
