@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -282,6 +283,12 @@ def new(
         "--key-on-workers",
         help="The model's API key is set on the workers only: do not look for it here",
     ),
+    host: str = typer.Option(
+        None,
+        "--host",
+        help="The host whose workers run its tools, where the workspace is "
+        "(default: SESSIONFLOW_HOST, else local)",
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Create a session and print its id (the workspace, the model and its API key are checked
@@ -310,6 +317,7 @@ def new(
                 permissions=permissions,
                 network=network,
                 approval_timeout=approval_timeout,
+                host=host,
             )
 
     session_id = run(work)
@@ -493,6 +501,8 @@ def _status_text(state: Any, indent: str = "") -> str:
     text = f"{indent}{'busy' if state.busy else 'idle'} · {phase} · {state.pending_inputs} pending"
     text += f" · running {tools}" if tools else ""
     text += f" · {state.waiting_for_worker}" if state.waiting_for_worker else ""
+    for host in drain.waiting_hosts if drain else ():
+        text += f" · waiting for host {host}"
     for request in drain.waiting if drain else ():
         what = request.question or request.summary
         command = "answer" if request.kind == "question" else "approve"
@@ -582,6 +592,51 @@ def jobs(session: str = typer.Argument(..., help="Session id"), as_json: bool = 
     for job in found:
         state = "running" if job.running else (job.outcome or "not started")
         out.print(f"{job.session.id}  @{job.session.agent}  {state}  {job.session.title or ''}")
+
+
+@app.command()
+def move(
+    session: str = typer.Argument(..., help="Session id"),
+    host: str = typer.Option(..., "--host", help="The host its tools run on from now"),
+    workspace: Path = typer.Option(
+        None, "--workspace", help="Its workspace on that host (default: the same path)"
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Move a session to another host between busy periods; that host checks the workspace."""
+
+    async def work() -> Any:
+        async with session_client() as client:
+            where = str(workspace) if workspace is not None else None
+            return await client.move(session, host, workspace=where)
+
+    moved = run(work)
+    value = {"session_id": moved.id, "host": moved.host, "directory": moved.directory}
+    emit(value, as_json, f"{moved.id} now runs its tools on {moved.host} in {moved.directory}")
+
+
+@app.command()
+def hosts(as_json: bool = JSON) -> None:
+    """The hosts whose workers run tools: each worker's lease, state and tools offered."""
+
+    async def work() -> Any:
+        async with session_client() as client:
+            return await client.hosts()
+
+    found = run(work)
+    if as_json:
+        rows = [dataclasses.asdict(w) for w in found]
+        print(json.dumps(rows, ensure_ascii=False), flush=True)
+        return
+    out = console()
+    if not found:
+        out.print("no host has registered: no worker runs tools", style="dim", highlight=False)
+    style = {"live": "green", "late": "yellow", "gone": "red"}
+    for w in found:
+        seen = f"seen {w.seen_ms_ago / 1000:.1f}s ago"
+        tools = f"{len(w.tools)} tools"
+        line = f"{w.host}  [{style[w.status]}]{w.status}[/]  {w.worker}  {seen}  {tools}"
+        out.print(f"{line}  [dim]{w.version}[/]", highlight=False)
 
 
 @app.command()
@@ -735,9 +790,25 @@ def watch(
 
 
 @app.command()
-def worker() -> None:
+def worker(
+    host: str = typer.Option(
+        None,
+        "--host",
+        help="The host whose sessions' tools it runs, on <queue>@<host> (default: "
+        "SESSIONFLOW_HOST, else local: on the shared queue)",
+    ),
+    serve: str = typer.Option(
+        None,
+        "--serve",
+        help="all (default), turns (model turns only, no tools) or tools (only its host's tools)",
+    ),
+) -> None:
     """Run a worker on the global options' store, Temporal and task queue."""
     # worker.main reads its settings from the environment: hand it the options the same way.
+    if host is not None:
+        os.environ["SESSIONFLOW_HOST"] = host
+    if serve is not None:
+        os.environ["SESSIONFLOW_SERVE"] = serve
     os.environ["SESSIONFLOW_DATABASE_URL"] = Options.database_url()
     os.environ["SESSIONFLOW_TEMPORAL_ADDRESS"] = Options.address
     os.environ["SESSIONFLOW_TASK_QUEUE"] = Options.queue()

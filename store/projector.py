@@ -97,9 +97,9 @@ async def _created(tx: Tx, stored: StoredEvent, event: ev.SessionCreated) -> Non
         raise InvalidDurableEventError(f"Session {event.session_id} already exists")
 
 
-def _observing(settings: dict[str, Any] | None, observed: dict[str, str] | None) -> Any:
+def _observing(settings: dict[str, Any] | None, observed: dict[str, str] | None) -> dict[str, Any]:
     if observed is None:
-        return settings
+        return settings or {}
     return {**(settings or {}), "observed": observed}
 
 

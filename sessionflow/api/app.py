@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from sessionflow.api import errors
 from sessionflow.api.config import ApiSettings
 from sessionflow.api.guard import Guard, require_token
-from sessionflow.api.routes import control, events, health, page, requests, sessions
+from sessionflow.api.routes import control, events, health, hosts, page, requests, sessions
 from sessionflow.api.stream import Streams
 from sessionflow.client import SessionClient
 
@@ -29,7 +29,7 @@ def create_app(client: SessionClient, settings: ApiSettings | None = None) -> Fa
     app.state.client, app.state.settings, app.state.streams = client, settings, Streams(client)
     errors.install(app)
     auth = [Depends(require_token)]
-    for router in (sessions.router, control.router, requests.router, events.router):
+    for router in (sessions.router, control.router, requests.router, events.router, hosts.router):
         app.include_router(router, dependencies=auth)
     app.include_router(health.router)
     app.include_router(page.router)

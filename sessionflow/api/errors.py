@@ -42,6 +42,8 @@ STATUSES: tuple[tuple[type[Exception], int], ...] = (
     (errors.StoreError, 500),
     # Work waits for a worker: the request is not lost (``sent`` says so), retry once one runs.
     (errors.NoWorkerError, 503),
+    # The session's host has no live worker: start one there, or move the session.
+    (errors.HostUnavailableError, 503),
 )
 HTTP_TYPES = {401: "UnauthorizedError", 403: "ForbiddenError", 404: "NotFoundError"}
 HTTP_TYPES[405] = "MethodNotAllowedError"

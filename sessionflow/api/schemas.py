@@ -44,6 +44,11 @@ class CreateSession(Body):
     title: str = ""
     session_id: str | None = Field(default=None, description="choose the id (idempotency)")
     agent: str | None = Field(default=None, description="the agent (default: the default one)")
+    host: str | None = Field(
+        default=None,
+        description="the host whose workers run its tools, where the workspace is "
+        "(default: the server's SESSIONFLOW_HOST, else local)",
+    )
     settings: SessionSettings = SessionSettings()
 
     @field_validator("workspace")
@@ -57,6 +62,20 @@ class CreateSession(Body):
     @classmethod
     def _model(cls, value: str) -> str:
         ModelRef.parse(value)
+        return value
+
+
+class MoveSession(Body):
+    host: str = Field(description="the host its tools run on from now")
+    workspace: str | None = Field(
+        default=None, description="its workspace on that host (default: the same path)"
+    )
+
+    @field_validator("workspace")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not posixpath.isabs(value):
+            raise ValueError("the workspace must be an absolute path on the new host")
         return value
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from sessionflow.api.deps import Client, SessionId
-from sessionflow.api.schemas import CreateSession
+from sessionflow.api.schemas import CreateSession, MoveSession
 from sessionflow.catalogue import ToolInfo
 from sessionflow.client import Job, Usage
 from sessionflow.models.messages import Message
@@ -32,6 +32,7 @@ async def create_session(body: CreateSession, client: Client, response: Response
         network=body.settings.network,
         approval_timeout=body.settings.approval_timeout,
         mcp=body.settings.mcp,
+        host=body.host,
     )
     response.headers["Location"] = f"/sessions/{created}"
     return await client.session(created)
@@ -59,6 +60,13 @@ async def list_sessions(
 @router.get("/{session_id}", response_model=SessionInfo)
 async def get_session(session_id: SessionId, client: Client) -> SessionInfo:
     return await client.session(session_id)
+
+
+@router.post("/{session_id}/move", response_model=SessionInfo)
+async def move_session(session_id: SessionId, body: MoveSession, client: Client) -> SessionInfo:
+    """Move the session's tools to another host, between busy periods only (409 while busy);
+    the new host checks the workspace first (503 when it has no live worker)."""
+    return await client.move(session_id, body.host, workspace=body.workspace)
 
 
 @router.get("/{session_id}/tools", response_model=list[ToolInfo])
