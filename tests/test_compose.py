@@ -38,7 +38,15 @@ def _validate(path: Path) -> subprocess.CompletedProcess[str]:
 def test_every_worker_variable_and_command_exists() -> None:
     config = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = config["services"]
-    assert set(services) == {"postgres", "temporal", "temporal-ui", "worker", "api"}
+    assert set(services) == {
+        "postgres",
+        "temporal",
+        "temporal-ui",
+        "worker",
+        "host-a",
+        "host-b",
+        "api",
+    }
     worker = services["worker"]
     read_by_worker = set(re.findall(r"SESSIONFLOW_[A-Z_]+", _sources()))
     read_by_worker |= set(re.findall(r'"([A-Z_]+_API_KEY)"', _sources()))
@@ -52,6 +60,40 @@ def test_every_worker_variable_and_command_exists() -> None:
     assert f"{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@postgres:5432/" in url
     assert worker["environment"]["SESSIONFLOW_TEMPORAL_ADDRESS"] == "temporal:7233"
     assert services["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
+
+
+def test_turns_run_anywhere_and_each_hosts_tools_only_on_its_own_volume() -> None:
+    """The cluster of issue 28: turn-only workers without workspaces, and two tool hosts, each
+    with its own workspaces, serving only their host's queue; every service's environment is
+    one the worker's settings accept."""
+    from sessionflow.settings import Settings
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    worker = services["worker"]
+    assert all(volume.endswith(":ro") for volume in worker["volumes"]), "no workspace here"
+    assert Settings.from_env(_resolved(worker["environment"])).serve == "turns"
+    mounts = set()
+    for name in ("host-a", "host-b"):
+        host = services[name]
+        settings = Settings.from_env(_resolved(host["environment"]))
+        assert (settings.host, settings.serve) == (name, "tools")
+        [volume] = host["volumes"]
+        source, target = volume.split(":")
+        assert target == "/workspaces"
+        mounts.add(source)
+        assert "SYS_ADMIN" in host["cap_add"]  # the bash sandbox runs where the tools do
+        shared = (
+            "SESSIONFLOW_DATABASE_URL",
+            "SESSIONFLOW_TEMPORAL_ADDRESS",
+            "SESSIONFLOW_TASK_QUEUE",
+        )
+        assert all(host["environment"][key] == worker["environment"][key] for key in shared)
+    assert len(mounts) == 2, "each host holds its own workspaces"
+
+
+def _resolved(environment: dict[str, str]) -> dict[str, str]:
+    """A compose environment as a container sees it with nothing exported: ``${X:-}`` empty."""
+    return {key: re.sub(r"\$\{[^}]*\}", "", str(value)) for key, value in environment.items()}
 
 
 def test_the_api_service_is_wired_like_the_worker() -> None:

@@ -16,6 +16,8 @@ the shutdown path and is registered with ``atexit``.
 A worker killed outright (SIGKILL, OOM) runs no backstop, so each running group is also recorded
 in a per-host directory with its worker's identity (pid and start time). ``reap_orphans``, run
 by every worker at start and then periodically, kills the groups whose worker is gone. The
+directory is per sessionflow host (``SESSIONFLOW_HOST``), not only per machine: two hosts
+sharing a machine each reap only their own workers' orphans, never a command of the other's. The
 record is made *before* the command starts (``intend``): a pid exists only once it runs, so the
 record first names a token that the command carries in its environment (``TOKEN_VARIABLE``),
 and ``track`` then replaces it with the pid (and keeps the token). A worker killed between the
@@ -43,9 +45,10 @@ _registered = False
 
 
 def records_dir() -> Path:
-    """Where running groups are recorded: one directory per host and user."""
+    """Where running groups are recorded: one directory per sessionflow host and user."""
     configured = os.environ.get("SESSIONFLOW_PROCESS_DIR")
-    return Path(configured or tempfile.gettempdir()) / f"sessionflow-processes-{os.getuid()}"
+    host = os.environ.get("SESSIONFLOW_HOST") or "local"
+    return Path(configured or tempfile.gettempdir()) / f"sessionflow-processes-{os.getuid()}-{host}"
 
 
 TOKEN_VARIABLE = "SESSIONFLOW_TOOL_GROUP"

@@ -157,7 +157,14 @@ async def test_interrupt_during_a_slow_tool(cli: tuple[Cli, Harness]) -> None:
         (("status", "ses_unknown"), "Session not found: ses_unknown", 1),
         (("show", "ses_missing"), "Session not found: ses_missing", 1),
         (
-            ("new", "--workspace", "/nonexistent/dir", "--model", "scripted/x.json"),
+            (
+                "new",
+                "--workspace",
+                "/nonexistent/dir",
+                "--model",
+                "openai/gpt-5",
+                "--key-on-workers",
+            ),
             "does not exist",
             1,
         ),

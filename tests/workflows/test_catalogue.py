@@ -32,7 +32,7 @@ from tests.invariants import TOOL_TERMINALS, assert_clean, final_log
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.workers import WorkerProcess
 from workflows import session as session_workflow
-from workflows.session import Options
+from workflows.options import Options
 
 PENDING_LIMIT = 6  # Temporal's default is 2,000 pending activities per workflow
 

@@ -124,11 +124,13 @@ async def test_a_worker_runs_the_drain_unsandboxed_unless_asked(
         async with build_worker(
             h.client.temporal, h.store, task_queue=other, tools=tools, sandboxed=True
         ) as sandboxed:
-            assert isinstance(sandboxed.config()["workflow_runner"], SandboxedWorkflowRunner)
+            assert isinstance(
+                sandboxed.workers[0].config()["workflow_runner"], SandboxedWorkflowRunner
+            )
         default = build_worker(h.client.temporal, h.store, task_queue=queue, tools=tools)
-        assert isinstance(default.config()["workflow_runner"], UnsandboxedWorkflowRunner)
+        assert isinstance(default.workers[0].config()["workflow_runner"], UnsandboxedWorkflowRunner)
         # Far above the SDK's 100 slots, which fifty busy sessions fill (then no eager start).
-        assert default.config()["max_concurrent_activities"] == 1000
+        assert default.workers[0].config()["max_concurrent_activities"] == 1000
         sid = await h.session([call("call_1", text="hi")], [{"text": "done"}])
         async with default:
             await run(h, sid)

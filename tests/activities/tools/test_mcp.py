@@ -288,13 +288,18 @@ async def _until_gone(root: Path) -> None:
 
 
 async def test_a_hung_server_does_not_outlive_its_pool(tmp_path: Path) -> None:
-    config = McpConfig.model_validate({"mcp": {"t": local(tmp_path / "calls.txt", timeout=1000)}})
+    config = McpConfig.model_validate({"mcp": {"t": local(tmp_path / "calls.txt")}})
     pool = McpPool(config, ToolSettings())
     tools = await tools_of(pool, tmp_path)
-    with pytest.raises(McpServerError):
-        await call(tools, "t_wait", tmp_path, seconds=600)  # ignores its closed stdin
+    hung = asyncio.create_task(call(tools, "t_wait", tmp_path, seconds=600))
+    for _ in range(600):  # the call reached the server, which ignores its closed stdin
+        if "wait" in calls(tmp_path / "calls.txt"):
+            break
+        await asyncio.sleep(0.05)
     await pool.close()
     assert _servers_of(tmp_path) == []
+    with pytest.raises(McpServerError):
+        await hung
 
 
 async def test_a_server_that_died_while_idle_is_restarted_before_the_call(

@@ -76,6 +76,25 @@ def test_a_live_workers_command_is_left_alone_before_and_after_its_pid_is_record
     assert not list(records.iterdir())
 
 
+def test_a_host_reaps_only_its_own_workers_orphans(
+    records: Path, spawn: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessionflow hosts on one machine: an orphan of host A's dead worker is left to A's
+    workers; B's reaper never kills a command of A's."""
+    monkeypatch.setenv("SESSIONFLOW_HOST", "host-a")
+    a_records = process.records_dir()
+    token = process.intend()
+    (a_records / f"pending-{token}").write_text(DEAD_WORKER)
+    proc = sleeper(spawn, token)
+    monkeypatch.setenv("SESSIONFLOW_HOST", "host-b")
+    assert process.records_dir() != a_records
+    assert process.reap_orphans() == []
+    assert proc.poll() is None
+    monkeypatch.setenv("SESSIONFLOW_HOST", "host-a")
+    assert process.reap_orphans() == [proc.pid]
+    assert proc.wait(timeout=5) == -9
+
+
 def test_an_abandoned_start_leaves_no_record(records: Path) -> None:
     process.abandon(process.intend())
     assert not list(records.iterdir())

@@ -211,8 +211,9 @@ BAD_SESSIONS: list[tuple[dict[str, Any], str]] = [
     ),
     ({"workspace": "/tmp", "model": "scripted/x", "colour": "red"}, "colour"),
     # Checked when the session is created, as the SDK does.
-    ({"workspace": "/nonexistent/dir", "model": "scripted/x"}, "workspace"),
-    ({"workspace": "/etc/hostname", "model": "scripted/x"}, "workspace"),
+    # (after the model, which is checked where the call is made: a model that needs nothing)
+    ({"workspace": "/nonexistent/dir", "model": "openai-chat/llama3"}, "workspace"),
+    ({"workspace": "/etc/hostname", "model": "openai-chat/llama3"}, "workspace"),
     ({"workspace": "/tmp", "model": "nope/x"}, "model"),
     ({"workspace": "/tmp", "model": "scripted//nonexistent/model.json"}, "model"),
 ]
