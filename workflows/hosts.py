@@ -1,17 +1,20 @@
 """Tool calls on a named host's queue, as the session workflow runs them; and the workspace
 check a client asks a host for (DESIGN "Children, hosts, spend, rewind").
 
-A call for host H runs on ``<task queue>@H``, waiting at most the lease (plus ``BOUND``) for
-one of H's workers to pick it up. When none does, the host's leases decide: a live host (busy,
-or restarting within its lease) gets the call again, its attempts counted on (the tool-attempt
-fence); a host with no live lease has the call settled from the shared queue ("host `H` is not
-running; the tool did not run", or outcome-unknown when one of its workers took the call),
-and every later call for it checks its leases first, so it fails at once while H stays down.
-Pure workflow code: no I/O.
+A call for host H runs on ``<task queue>@H``, waiting ``BOUND`` for one of H's workers to pick
+it up (a live host takes a call within milliseconds). When none does, the host's leases decide:
+a live host (busy, or restarting within its lease) gets the call again, its attempts counted on
+(the tool-attempt fence), and the call shows as waiting for H (status, the page, the Temporal
+UI) until the newest lease would have run out, plus ``BOUND``; a host with no live lease has the
+call settled from the shared queue ("host `H` is not running; the tool did not run", or
+outcome-unknown when one of its workers took the call), and every later call for it checks its
+leases first, so it fails at once while H stays down. A call for a host whose last worker died
+therefore fails within ``BOUND`` + the lease + ``BOUND``. Pure workflow code: no I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import cast
@@ -42,10 +45,11 @@ _SETTLING_ATTEMPT = 1000
 
 
 class HostCalls:
-    def __init__(self) -> None:
+    def __init__(self, changed: Callable[[], None] = lambda: None) -> None:
         self.down: set[str] = set()
         self.waiting: dict[str, str] = {}  # call id -> host it waits for
         self.lease_ms = 30_000  # the hosts' lease, from the busy period's preparation
+        self._changed = changed  # what is waiting changed: the drain shows it
 
     def waiting_hosts(self) -> tuple[str, ...]:
         return tuple(sorted(set(self.waiting.values())))
@@ -53,12 +57,7 @@ class HostCalls:
     async def run(self, host: str, request: ToolInput, options: Options) -> ToolOutcome:
         """Run ``request`` on ``host``'s queue, as the module docstring says."""
         assert host != LOCAL_HOST
-        lease = timedelta(milliseconds=self.lease_ms)
-        on_host = replace(
-            options,
-            task_queue=tool_queue(workflow.info().task_queue, host),
-            schedule_to_start=lease + BOUND,
-        )
+        queue, wait = tool_queue(workflow.info().task_queue, host), BOUND
         base = request.attempt_base
         try:
             while True:
@@ -66,6 +65,7 @@ class HostCalls:
                     return await self._unreachable(host, request)
                 self.down.discard(host)
                 attempt = request.model_copy(update={"attempt_base": base})
+                on_host = replace(options, task_queue=queue, schedule_to_start=wait)
                 try:
                     summary = f"{request.name} {request.call_id} on {host}"
                     return await call("run_tool", attempt, ToolOutcome, summary, on_host)
@@ -73,12 +73,20 @@ class HostCalls:
                     if not _not_picked_up(error):
                         raise
                 base += on_host.retry.maximum_attempts or 3
-                if (await self._state(host)).status == "gone":
+                state = await self._state(host)
+                if state.status == "gone":
                     self.down.add(host)
                     return await self._unreachable(host, request)
-                self.waiting[request.call_id] = host  # live, but nobody took it: it waits on
+                # Live, but nobody took it (restarting, or every slot busy): it waits on, until
+                # the newest lease would have run out unrenewed.
+                left = max(0, self.lease_ms - (state.seen_ms_ago or 0))
+                wait = timedelta(milliseconds=left) + BOUND
+                if self.waiting.get(request.call_id) != host:
+                    self.waiting[request.call_id] = host
+                    self._changed()
         finally:
-            self.waiting.pop(request.call_id, None)
+            if self.waiting.pop(request.call_id, None) is not None:
+                self._changed()
 
     async def _state(self, host: str) -> HostStateResult:
         ask = HostStateInput(host=host)

@@ -130,7 +130,7 @@ class SessionWorkflow:
         self.running: dict[str, RunningTool] = {}
         self.approvals = Approvals()
         self.children = Children()
-        self.hosts = HostCalls()
+        self.hosts = HostCalls(changed=self._show_details)
         self.host = LOCAL_HOST  # whose queue runs the tools (the session's host, per busy period)
         self.max_active_tools = 8
         # The parent's ``task`` call this session's busy period answers (a child session).

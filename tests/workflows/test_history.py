@@ -20,6 +20,8 @@ from store import Store
 from tests.conftest import start_dev_server
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.reordered import ReorderedSessionWorkflow
+from tests.workflows.tools import registry
+from worker import build_worker
 from workflows.session import SessionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -178,6 +180,32 @@ async def test_continue_as_new_mid_busy_period_carries_the_claim_and_step(
         assert all(
             a.tool(f"c{i}").state.status == "completed" for i, a in enumerate(assistants[:6])
         )
+
+
+async def test_continue_as_new_mid_busy_period_keeps_the_sessions_host(
+    small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """Issue 28: the placement survives continue-as-new: every step's tool runs on the host."""
+    async with harness(small_history_env.client, store, tmp_path) as h:
+        on_b = build_worker(
+            h.client.temporal,
+            store,
+            task_queue=h.client.task_queue,
+            tools=registry(h.gate),
+            host="b",
+            serve="tools",
+        )
+        async with on_b:
+            turns = [[call(f"c{i}", text=str(i))] for i in range(6)] + [[{"text": "all done"}]]
+            sid = await h.session(*turns, host="b")
+            handle = h.client._handle(sid)
+            await h.client.prompt(sid, "many steps")
+            await h.client.wait_idle(sid, timeout=60)
+        runs = [e async for e in h.client.temporal.list_workflows(f"WorkflowId = '{handle.id}'")]
+        assert len(runs) >= 2  # the busy period continued as new at least once
+        settled = [e for e in await h.events(sid) if e.type == "session.tool.success"]
+        assert [e.data["call_id"] for e in settled] == [f"c{i}" for i in range(6)]
+        assert {e.data["host"] for e in settled} == {"b"}
 
 
 async def test_a_resume_sent_while_an_interrupt_settles_runs_even_when_history_is_long(

@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from sessionflow.cli import _status_text
 from sessionflow.errors import HostUnavailableError, SessionBusyError, UnknownHostError
 from sessionflow.models import events as ev
+from sessionflow.models.drain import tool_queue
 from store.events import StoredEvent
 from tests.conftest import Target
 from tests.workflows.harness import Harness, call, harness
+from tests.workflows.tools import registry
 from tests.workflows.workers import WorkerProcess
+from worker import SessionWorker, build_worker
 
 pytestmark = pytest.mark.fault  # worker processes killed and started: the slow fault tests
 
@@ -204,3 +208,45 @@ async def test_a_session_moves_between_busy_periods_and_keeps_its_host(
     first, *_, last_request = h.requests()
     assert "Work on b." not in str(first["system"])
     assert "Work on b." in str(last_request["system"])
+
+
+def host_worker(h: Harness, host: str) -> SessionWorker:
+    """An in-process worker serving only ``host``'s tools (the harness's runs the turns)."""
+    tools = registry(h.gate)
+    return build_worker(
+        h.client.temporal,
+        h.store,
+        task_queue=h.client.task_queue,
+        tools=tools,
+        host=host,
+        serve="tools",
+    )
+
+
+async def restarting(h: Harness, host: str) -> None:
+    """``host`` as it is while its worker restarts: a live lease, and nothing polls its queue."""
+    queue = tool_queue(h.client.task_queue, host)
+    await h.store.hosts.renew(host, f"{host}-restarting", task_queue=queue, version="test")
+
+
+async def _waiting_for(h: Harness, sid: str) -> tuple[str, ...]:
+    drain = (await h.client.status(sid)).drain
+    return drain.waiting_hosts if drain else ()
+
+
+async def test_a_call_for_a_restarting_host_waits_and_says_so(h: Harness) -> None:
+    async with host_worker(h, "b"):
+        sid = await h.session([call("c1", text="ran")], [{"text": "done"}], host="b")
+    await restarting(h, "b")
+    await h.client.prompt(sid, "go")
+    await h.until(lambda: _waiting_for(h, sid), timeout=30)
+    assert await _waiting_for(h, sid) == ("b",)
+    assert "waiting for host b" in _status_text(await h.client.status(sid))
+    metadata = await h.client._handle(sid).query("__temporal_workflow_metadata")
+    assert "waiting for host b" in metadata.current_details  # the Temporal UI's details
+    async with host_worker(h, "b"):  # back within its lease: the call runs, once
+        await h.client.wait_idle(sid, timeout=30)
+    (ran,) = await _settled(h, sid)
+    assert (ran.type, ran.call_id, ran.host) == ("session.tool.success", "c1", "b")
+    metadata = await h.client._handle(sid).query("__temporal_workflow_metadata")
+    assert "waiting for host" not in metadata.current_details

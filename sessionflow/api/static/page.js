@@ -22,11 +22,13 @@ function el(tag, className, text) {
 // connected: a dropped connection shows "reconnecting" until the stream is back, then the phase.
 let phase = "connecting";
 let connected = true;
+// What a busy session waits for besides its model and tools (a host restarting), as the status says.
+let waitingFor = "";
 
 function show() {
   const shown = connected ? phase : "reconnecting";
   stateLine.dataset.state = shown;
-  stateLine.textContent = shown;
+  stateLine.textContent = shown === "busy" && waitingFor ? `busy · ${waitingFor}` : shown;
 }
 
 function setState(state) {
@@ -293,6 +295,10 @@ function follow() {
     if (event.seq <= lastSeq) return;
     lastSeq = event.seq;
     root.dataset.seq = String(lastSeq);
+    if (waitingFor && event.type.startsWith("session.tool.")) {
+      waitingFor = "";  // the call moved on: the next status says whether it still waits
+      show();
+    }
     render(event);
   };
   source.addEventListener("synced", () => {
@@ -314,8 +320,16 @@ async function refreshState() {
   const answer = await fetch(`/sessions/${encodeURIComponent(sid)}/status`);
   const status = answer.ok ? await answer.json() : null;
   // An event that arrived meanwhile is newer than this answer.
-  if (status && lastSeq === asked) setState(status.busy ? "busy" : "idle");
+  if (!status || lastSeq !== asked) return;
+  const hosts = (status.drain && status.drain.waiting_hosts) || [];
+  waitingFor = hosts.map((host) => `waiting for host ${host}`).join(" · ");
+  setState(status.busy ? "busy" : "idle");
 }
+
+// A running call sends no events while it waits for its host: ask the status now and then.
+setInterval(() => {
+  if (connected && phase === "busy" && find('.tool[data-state="running"]')) refreshState();
+}, 3000);
 
 async function post(path, body) {
   const answer = await fetch(`/sessions/${encodeURIComponent(sid)}/${path}`, {

@@ -22,6 +22,7 @@ from sessionflow.api.serve import listen, running_api
 from store import Store
 from tests.sessionflow.api.conftest import Api
 from tests.workflows.harness import call, harness
+from tests.workflows.test_hosts import host_worker, restarting
 from tests.workflows.test_subagents import Tree, task
 
 CHROMIUM = "/usr/bin/chromium"
@@ -315,5 +316,27 @@ async def test_the_page_shows_the_latest_todo_list(api: Api, browser: Browser) -
                 "completed",
                 "in_progress",
             ]
+        finally:
+            await page.close()
+
+
+@pytest.mark.parametrize("target", ["sqlite"], indirect=True)
+async def test_the_page_says_a_call_waits_for_its_host(api: Api, browser: Browser) -> None:
+    h = api.h
+    async with host_worker(h, "b"):
+        sid = await h.session([call("c1", text="ran")], [{"text": "done"}], host="b")
+    await restarting(h, "b")
+    async with running_api(h.client, ApiSettings(port=0)) as url:
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await h.client.prompt(sid, "go")
+            await expect(page.locator("#state")).to_have_text("busy · waiting for host b")
+            async with host_worker(h, "b"):
+                await expect(page.locator('.tool[data-call="c1"]')).to_have_attribute(
+                    "data-state", "completed"
+                )
+                await expect(page.locator("#state")).to_have_text("idle")
         finally:
             await page.close()
