@@ -345,7 +345,7 @@ def _marker() -> str:
 
 def _recorded_in(root: Path, pids: list[int]) -> list[int]:
     """The process groups of ``pids`` that a worker recorded (``SESSIONFLOW_PROCESS_DIR=root``)."""
-    directory = root / f"sessionflow-processes-{os.getuid()}"
+    directory = root / f"sessionflow-processes-{os.getuid()}-local"  # the local host's
     groups = set()
     for pid in pids:
         with contextlib.suppress(OSError):
