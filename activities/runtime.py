@@ -141,7 +141,7 @@ def to_ref(claim: Claim) -> ClaimRef:
 def application_error(error: SessionflowError) -> ApplicationError:
     """Domain errors as Temporal failures: a held claim retries at its expiry, a lost one stops."""
     if isinstance(error, ClaimHeldError):
-        wait_ms = max(100, error.expires_at_ms - int(time.time() * 1000) + 100)
+        wait_ms = max(100, error.remaining_ms() + 100)
         return ApplicationError(
             str(error),
             type="ClaimHeldError",

@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from activities.children import closing_of_task, parent_call, report
 from activities.restart import (
@@ -24,6 +26,7 @@ from activities.restart import (
 from activities.runtime import Runtime, to_claim, to_ref, translated
 from activities.tools.changes import step_files
 from sessionflow.agents import UnknownAgentError
+from sessionflow.errors import ClaimHeldError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError, Tokens
 from sessionflow.models.drain import (
@@ -68,6 +71,34 @@ RESULT_MISSING = SessionError(
 )
 
 
+async def closed_owner(held: ClaimHeldError) -> str | None:
+    """The execution holding the claim if Temporal says its run is over, else None (its lease
+    decides). The holder is a run of this session's workflow (``<run id>_<period>``), and a
+    workflow runs one run at a time: when this activity's run is the running one, every other
+    run is closed (terminated, reset, timed out, failed), and so is any run it continued as
+    new into (a run carrying a claim on never acquires one)."""
+    if not activity.in_activity():
+        return None  # called directly (the store's own tests): the lease decides
+    run_id, sep, _period = held.execution_id.rpartition("_")
+    info = activity.info()
+    workflow = info.workflow_id
+    if not sep or not run_id or workflow is None or run_id == info.workflow_run_id:
+        return None
+    try:
+        client = activity.client()
+    except RuntimeError:
+        return None  # an activity environment without a client (tests)
+    try:
+        holder = await client.get_workflow_handle(workflow, run_id=run_id).describe()
+        current = await client.get_workflow_handle(workflow).describe()
+    except RPCError:
+        return None  # unknown to Temporal (another deployment's run, a server blip)
+    if holder.status in (None, WorkflowExecutionStatus.RUNNING):
+        return None
+    running = current.status == WorkflowExecutionStatus.RUNNING
+    return held.execution_id if running and current.run_id == info.workflow_run_id else None
+
+
 class WorkerLimits(TypedDict):
     turn_timeout_s: int
     retry_backoff_ms: int
@@ -90,13 +121,18 @@ class SessionActivities:
             session_id=request.session_id, execution_id=request.execution_id
         )
 
+        begin = [(started, f"evt_{request.execution_id}_started")]
+        ids = (request.session_id, request.execution_id, request.owner_id)
         async with translated():
-            claim = await self.store.acquire(
-                request.session_id,
-                request.execution_id,
-                request.owner_id,
-                [(started, f"evt_{request.execution_id}_started")],
-            )
+            try:
+                claim = await self.store.acquire(*ids, begin)
+            except ClaimHeldError as held:
+                dead = await closed_owner(held)
+                if dead is None:
+                    raise
+                # Temporal says the owner's run is over (terminated, reset, timed out): no need
+                # to wait for its lease. Its zombie activities are fenced by the new epoch.
+                claim = await self.store.acquire(*ids, begin, dead=dead)
             return to_ref(claim)
 
     @activity.defn

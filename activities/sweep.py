@@ -4,6 +4,12 @@ A session whose claim expired in phase ``unknown`` (a model call or tool was in 
 ``continue`` (the step needed another turn), and that has no open drain, was abandoned: its
 worker died and Temporal will not bring the run back (it was terminated, or timed out). Waking it
 starts a drain that takes the claim over, which records the recovery the drain then performs.
+
+A live claim in those phases whose session has no running workflow was abandoned too, only
+more recently: an operator terminated the run, or it timed out. Temporal knows at once, so the
+sweep does not wait for the lease: the drain it starts takes over at once (``closed_owner`` in
+``activities/session.py``). Which sessions run is one visibility query per sweep, not a call
+per claim; each candidate is confirmed by describing its workflow (visibility lags).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from sessionflow.models.drain import (
     WakeSignal,
     workflow_id,
 )
+from store.claims import Phase
 
 _SESSION_ID = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
 
@@ -34,9 +41,13 @@ class SweepActivities:
     @activity.defn
     async def sweep_recoverable(self, request: SweepInput) -> SweepResult:
         client = activity.client()
-        candidates = await self.rt.store.claims.expired(
-            limit=request.limit, phases=("unknown", "continue")
-        )
+        phases: tuple[Phase, ...] = ("unknown", "continue")
+        candidates = await self.rt.store.claims.expired(limit=request.limit, phases=phases)
+        live = await self.rt.store.claims.live(limit=10 * request.limit, phases=phases)
+        if live:
+            running = await self._running()
+            unowned = [sid for sid in live if workflow_id(sid) not in running]
+            candidates += unowned[: max(0, request.limit - len(candidates))]
         woken: list[str] = []
         skipped: list[str] = []
         for session_id in candidates:
@@ -59,6 +70,17 @@ class SweepActivities:
             woken.append(session_id)
             activity.heartbeat(len(woken))
         return SweepResult(woken=tuple(woken), skipped=tuple(skipped))
+
+    async def _running(self) -> set[str]:
+        """The workflow ids of this deployment's running session workflows, as visibility says."""
+        query = (
+            f"WorkflowType = 'SessionWorkflow' AND ExecutionStatus = 'Running' "
+            f"AND TaskQueue = '{self.task_queue}'"
+        )
+        running = set()
+        async for execution in activity.client().list_workflows(query, page_size=1000):
+            running.add(execution.id)
+        return running
 
     async def _drain_open(self, session_id: str) -> bool:
         try:

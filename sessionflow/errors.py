@@ -36,6 +36,8 @@ Every error says what was wrong and what to do. Activities translate these into 
 
 from __future__ import annotations
 
+import time
+
 
 class SessionflowError(Exception):
     """Base of every error sessionflow raises on purpose."""
@@ -303,7 +305,9 @@ class ClaimError(SessionflowError):
 
 
 class ClaimHeldError(ClaimError):
-    def __init__(self, session_id: str, execution_id: str, expires_at_ms: int) -> None:
+    def __init__(
+        self, session_id: str, execution_id: str, expires_at_ms: int, now_ms: int | None = None
+    ) -> None:
         super().__init__(
             f"Session {session_id} is claimed by execution {execution_id} until "
             f"{expires_at_ms} (epoch ms, database clock); retry after that time."
@@ -311,6 +315,13 @@ class ClaimHeldError(ClaimError):
         self.session_id = session_id
         self.execution_id = execution_id
         self.expires_at_ms = expires_at_ms
+        self.now_ms = now_ms  # the database clock when it was seen held, if read
+
+    def remaining_ms(self) -> int:
+        """How long the claim stays live, by the database clock when it was read (a worker's
+        own clock may be off by more than the lease), else by this process's clock."""
+        now = self.now_ms if self.now_ms is not None else int(time.time() * 1000)
+        return max(0, self.expires_at_ms - now)
 
 
 class ClaimLostError(ClaimError):

@@ -105,19 +105,22 @@ class Claims:
         owner_id: str,
         *,
         lease_ms: int | None = None,
+        dead: str | None = None,
     ) -> Claim:
         """Claim the session for ``execution_id``.
 
         A live claim of another execution raises ``ClaimHeldError`` (with its expiry); an expired
         one is taken over in the same transaction, which records a recovery row for the dead
         execution. Acquiring again for the same live execution and owner returns its claim.
+        ``dead`` names an execution known to be over though its claim is live (Temporal says
+        its run closed): a live claim of exactly that execution is taken over as if expired.
         """
 
         async def nothing(_claim: Claim, _tx: Tx) -> None:
             return None
 
         return await self.acquire_with(
-            session_id, execution_id, owner_id, nothing, lease_ms=lease_ms
+            session_id, execution_id, owner_id, nothing, lease_ms=lease_ms, dead=dead
         )
 
     async def acquire_with(
@@ -128,16 +131,16 @@ class Claims:
         work: Callable[[Claim, Tx], Awaitable[object]],
         *,
         lease_ms: int | None = None,
+        dead: str | None = None,
     ) -> Claim:
         """``acquiring`` with ``work`` (what the new claim starts) inside, the two run again
         from the start after a serialization failure or a deadlock (catalogue C6), as
         ``run_fenced``'s work is: ``work`` must touch nothing but its tx."""
 
         async def once() -> Claim:
-            async with self.acquiring(session_id, execution_id, owner_id, lease_ms=lease_ms) as (
-                claim,
-                tx,
-            ):
+            async with self.acquiring(
+                session_id, execution_id, owner_id, lease_ms=lease_ms, dead=dead
+            ) as (claim, tx):
                 await work(claim, tx)
                 return claim
 
@@ -151,6 +154,7 @@ class Claims:
         owner_id: str,
         *,
         lease_ms: int | None = None,
+        dead: str | None = None,
     ) -> AsyncIterator[tuple[Claim, Tx]]:
         """``acquire``, with the transaction left open for what the new claim starts.
 
@@ -165,7 +169,7 @@ class Claims:
         lease = lease_ms or self.lease_ms
         try:
             async with self.db.write() as tx:
-                claim = await self._acquire(tx, session_id, execution_id, owner_id, lease)
+                claim = await self._acquire(tx, session_id, execution_id, owner_id, lease, dead)
                 tx.stamp = Stamp(claim.execution_id, claim.epoch)
                 yield claim, tx
                 params = {"sid": session_id, "epoch": claim.epoch}
@@ -174,7 +178,13 @@ class Claims:
             raise await self._held(session_id) from None
 
     async def _acquire(
-        self, tx: Tx, session_id: str, execution_id: str, owner_id: str, lease: int
+        self,
+        tx: Tx,
+        session_id: str,
+        execution_id: str,
+        owner_id: str,
+        lease: int,
+        dead: str | None,
     ) -> Claim:
         if tx.dialect == "postgresql":
             # For the whole acquisition: it waits for the claim row, or for a concurrent
@@ -189,10 +199,10 @@ class Claims:
         last_epoch, now = await self._session_epoch_and_now(tx, session_id)
         if current is None:
             return await self._insert(tx, session_id, execution_id, owner_id, last_epoch + 1, lease)
-        if current.expires_at > now:
+        if current.expires_at > now and current.id != dead:
             if current.id == execution_id and current.owner_id == owner_id:
                 return await self._renew_in(tx, _row_claim(current, lease), None)
-            raise ClaimHeldError(session_id, current.id, int(current.expires_at))
+            raise ClaimHeldError(session_id, current.id, int(current.expires_at), int(now))
         epoch = max(last_epoch, int(current.epoch)) + 1
         await self._record_recovery(tx, current, now)
         params = {
@@ -230,7 +240,7 @@ class Claims:
             )
         if execution_id is None:  # the holder is creating the session's first claim
             return ClaimHeldError(session_id, "(another acquisition)", int(now))
-        return ClaimHeldError(session_id, execution_id, int(expires_at))
+        return ClaimHeldError(session_id, execution_id, int(expires_at), int(now))
 
     async def _session_epoch_and_now(self, tx: Tx, session_id: str) -> tuple[int, int]:
         row = await _SESSION_EPOCH_AND_NOW.first(tx.conn, tx.dialect, {"sid": session_id})
@@ -474,6 +484,20 @@ class Claims:
             query = (
                 sa.select(_x.session_id)
                 .where(_x.expires_at <= now_ms(self.db.dialect), _x.phase.in_(phases))
+                .order_by(_x.expires_at)
+                .limit(limit)
+            )
+            return list((await conn.execute(query)).scalars())
+
+    async def live(
+        self, *, limit: int = 1000, phases: tuple[Phase, ...] = ("unknown", "continue")
+    ) -> list[str]:
+        """Sessions whose claim is live in one of ``phases``, soonest expiry first: the sweep
+        asks Temporal whether each one's owner still runs (``activities/sweep.py``)."""
+        async with self.db.read(single=True) as conn:
+            query = (
+                sa.select(_x.session_id)
+                .where(_x.expires_at > now_ms(self.db.dialect), _x.phase.in_(phases))
                 .order_by(_x.expires_at)
                 .limit(limit)
             )

@@ -64,18 +64,22 @@ class Writes:
         execution_id: str,
         owner_id: str,
         started: Sequence[tuple[Event, str]],
+        *,
+        dead: str | None = None,
     ) -> Claim:
         """Claim the session for ``execution_id`` with the events that start it (each with its
         id), committed together: in one statement when the session has no claim row
-        (``claim_at_once``), else in a transaction retried whole (``Claims.acquire_with``)."""
-        claim = await self.claim_at_once(session_id, execution_id, owner_id, started)
-        if claim is not None:
-            return claim
+        (``claim_at_once``), else in a transaction retried whole (``Claims.acquire_with``).
+        ``dead``: an execution whose live claim is taken over at once (``Claims.acquire``)."""
+        if dead is None:
+            claim = await self.claim_at_once(session_id, execution_id, owner_id, started)
+            if claim is not None:
+                return claim
 
         async def start(_claim: Claim, tx: Tx) -> None:
             await self.events.publish_many(started, tx=tx)
 
-        return await self.claims.acquire_with(session_id, execution_id, owner_id, start)
+        return await self.claims.acquire_with(session_id, execution_id, owner_id, start, dead=dead)
 
     async def finish_execution(
         self, claim: Claim, event: Event, terminal_id: str, *, release: bool
