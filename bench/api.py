@@ -457,6 +457,7 @@ async def main(args: argparse.Namespace) -> None:
 
     from bench.drain import temporal_binary
     from sessionflow.client import SESSION_ID_ATTRIBUTE
+    from sessionflow.devstack import dev_server_args
 
     began = time.perf_counter()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; dev server (in-memory)")
@@ -465,6 +466,7 @@ async def main(args: argparse.Namespace) -> None:
         data_converter=pydantic_data_converter,
         search_attributes=[SESSION_ID_ATTRIBUTE],
         dev_server_log_level="error",
+        dev_server_extra_args=dev_server_args(),
     )
     try:
         if args.database in ("all", "sqlite"):

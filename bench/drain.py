@@ -107,6 +107,7 @@ from bench import counting, tokens  # noqa: E402
 from bench.shell import report as shell_costs_report  # noqa: E402
 from sessionflow.cli import leave  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, ClientEvent, SessionClient  # noqa: E402
+from sessionflow.devstack import dev_server_args  # noqa: E402
 from sessionflow.models.common import ModelRef  # noqa: E402
 from sessionflow.models.drain import WORKFLOW_ID_PREFIX  # noqa: E402
 from sessionflow.settings import Settings  # noqa: E402
@@ -989,6 +990,7 @@ async def main() -> None:
         data_converter=pydantic_data_converter,
         search_attributes=[SESSION_ID_ATTRIBUTE],
         dev_server_log_level="error",
+        dev_server_extra_args=dev_server_args(),
     )
     try:
         for database in args.database or ["sqlite"]:

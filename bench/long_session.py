@@ -31,6 +31,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from activities.tools.testing import testing_registry  # noqa: E402
 from sessionflow.cli import leave  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, SessionClient  # noqa: E402
+from sessionflow.devstack import dev_server_args  # noqa: E402
 from store import open_store  # noqa: E402
 from worker import build_worker  # noqa: E402
 
@@ -122,6 +123,7 @@ async def main() -> None:
         data_converter=pydantic_data_converter,
         search_attributes=[SESSION_ID_ATTRIBUTE],
         dev_server_log_level="error",
+        dev_server_extra_args=dev_server_args(),
     )
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -43,6 +43,7 @@ from bench.drain import database_url  # noqa: E402
 from sessionflow.agents import Agent, Agents  # noqa: E402
 from sessionflow.cli import leave  # noqa: E402
 from sessionflow.client import SESSION_ID_ATTRIBUTE, SessionClient  # noqa: E402
+from sessionflow.devstack import dev_server_args  # noqa: E402
 from sessionflow.models.drain import workflow_id  # noqa: E402
 from store import Store, open_store  # noqa: E402
 from worker import build_worker  # noqa: E402
@@ -213,6 +214,7 @@ async def main() -> None:
         data_converter=pydantic_data_converter,
         search_attributes=[SESSION_ID_ATTRIBUTE],
         dev_server_log_level="error",
+        dev_server_extra_args=dev_server_args(),
     )
     try:
         for database in args.database or ["sqlite"]:

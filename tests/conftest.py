@@ -25,6 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.client import SESSION_ID_ATTRIBUTE
+from sessionflow.devstack import dev_server_args
 from sessionflow.settings import Settings
 from store import Store, open_store
 from tests.pgcluster import Cluster, ClusterError
@@ -194,7 +195,7 @@ def temporal_binary(name: str = "temporal") -> str:
 
 async def start_dev_server(*dynamic_config: str) -> WorkflowEnvironment:
     """A dev server from the venv's binary, with ``key=value`` dynamic config values."""
-    extra = [arg for value in dynamic_config for arg in ("--dynamic-config-value", value)]
+    extra = dev_server_args(*dynamic_config)
     return await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,

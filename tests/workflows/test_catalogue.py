@@ -22,6 +22,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.client import MAX_ACTIVE_TOOLS, SESSION_ID_ATTRIBUTE
+from sessionflow.devstack import dev_server_args
 from sessionflow.errors import InvalidIdError
 from sessionflow.models.common import SessionError
 from sessionflow.models.drain import workflow_id
@@ -89,6 +90,7 @@ async def _dev_server(port: int, database: Path) -> WorkflowEnvironment:
         data_converter=pydantic_data_converter,
         search_attributes=[SESSION_ID_ATTRIBUTE],
         dev_server_log_level="error",
+        dev_server_extra_args=dev_server_args(),
     )
 
 
