@@ -17,7 +17,7 @@ from activities import compaction as c
 from activities.history import current_history
 from activities.providers import base as p
 from activities.providers.limits import model_limits
-from activities.runtime import Runtime, heartbeating, to_claim, translated
+from activities.runtime import Runtime, heartbeating, own, translated
 from activities.tools.todo import render as render_todos
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Limits, ModelRef, SessionError
@@ -37,7 +37,7 @@ class CompactionActivities:
     @activity.defn
     async def compact(self, request: CompactInput) -> CompactResult:
         store = self.rt.store
-        claim = to_claim(request.claim)
+        claim = await own(store, request.claim)
         async with translated(), heartbeating(store, request.claim):
             done = await self._settled(claim, request)
             if done is not None:

@@ -13,7 +13,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
@@ -124,8 +126,62 @@ class Runtime:
         return None
 
 
+def run_owner() -> str | None:
+    """The owner this activity writes as: its workflow run (``workflow id/run id``); None
+    outside a workflow's activity."""
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    if not info.workflow_id or not info.workflow_run_id:
+        return None
+    return f"{info.workflow_id}/{info.workflow_run_id}"
+
+
 def to_claim(ref: ClaimRef) -> Claim:
-    return Claim(ref.session_id, ref.execution_id, ref.owner_id, ref.epoch, 0, ref.lease_ms)
+    """The claim as this activity writes under it: as its own workflow run (``run_owner``),
+    whichever run acquired it. The fence holds the owner, so a run's writes land only while it
+    owns the claim (``own``)."""
+    owner = run_owner() or ref.owner_id
+    return Claim(ref.session_id, ref.execution_id, owner, ref.epoch, 0, ref.lease_ms)
+
+
+# Claims this process made (or saw) their activity's run own: (session, execution, epoch, owner).
+_OWNED: dict[tuple[str, str, int, str], None] = {}
+_OWNED_MAX = 10_000
+
+
+async def own(store: Store, ref: ClaimRef) -> Claim:
+    """``to_claim``, making this activity's run the claim's owner first when another run
+    acquired it: a continue-as-new carries a claim into the next run, and an operator's
+    Reset replays the old run's history, its claim included, into a new run. The new run owns
+    the claim once Temporal says it is the workflow's running one (then every other run is
+    closed); from then on the fence refuses every write of the runs before it, zombie
+    activities included. The acquiring run itself, the common case, costs nothing here; a run
+    that carries a claim costs one describe and one write, once per worker process."""
+    claim = to_claim(ref)
+    key = (claim.session_id, claim.execution_id, claim.epoch, claim.owner_id)
+    if claim.owner_id == ref.owner_id or key in _OWNED:
+        return claim
+    if await _running_run():
+        await store.claims.reown(claim)
+        if len(_OWNED) >= _OWNED_MAX:
+            _OWNED.pop(next(iter(_OWNED)))
+        _OWNED[key] = None
+    return claim  # not the running run: its writes are refused, as a zombie's must be
+
+
+async def _running_run() -> bool:
+    """Whether this activity's workflow run is its workflow's running run, as Temporal says."""
+    info = activity.info()
+    try:
+        handle = activity.client().get_workflow_handle(info.workflow_id or "")
+        described = await handle.describe()
+    except (RPCError, RuntimeError):
+        return False
+    return (
+        described.run_id == info.workflow_run_id
+        and described.status == WorkflowExecutionStatus.RUNNING
+    )
 
 
 def to_ref(claim: Claim) -> ClaimRef:

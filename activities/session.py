@@ -23,7 +23,7 @@ from activities.restart import (
     restart_message,
     stale,
 )
-from activities.runtime import Runtime, to_claim, to_ref, translated
+from activities.runtime import Runtime, own, to_claim, to_ref, translated
 from activities.tools.changes import step_files
 from sessionflow.agents import UnknownAgentError
 from sessionflow.errors import ClaimHeldError
@@ -158,7 +158,7 @@ class SessionActivities:
         terminal_id = f"evt_{claim.execution_id}_{outcome.type}"
         async with translated():
             await self.store.finish_execution(
-                to_claim(claim), event, terminal_id, release=not request.keep_claim
+                await own(self.store, claim), event, terminal_id, release=not request.keep_claim
             )
             if request.parent is not None:
                 why = outcome.error.message[:1000] if outcome.error else outcome.reason
@@ -184,7 +184,7 @@ class SessionActivities:
     @activity.defn
     async def prepare_drain(self, request: PrepareInput) -> PrepareResult:
         """Recover a dead execution's turn, fail stale tools, and decide whether to run."""
-        claim = to_claim(request.claim)
+        claim = await own(self.store, request.claim)
         sid = claim.session_id
         async with translated():
             session = await self.store.sessions.get(sid)
@@ -304,7 +304,7 @@ class SessionActivities:
 
     async def settle_step(self, request: FinishStepInput) -> FinishStepResult:
         """``finish_step``'s work, also done by a turn that made no local calls."""
-        turn, claim = request.turn, to_claim(request.claim)
+        turn, claim = request.turn, await own(self.store, request.claim)
         async with translated():
             if turn.lost is not None:
                 return await self._close_lost(request)
@@ -322,7 +322,7 @@ class SessionActivities:
         """End the lost step; unless the resume budget is spent, ask the model to continue.
         A step its turn had settled before the loss is not restarted (``ended``, no
         ``restarted``): the workflow takes it as settled."""
-        turn, claim = request.turn, to_claim(request.claim)
+        turn, claim = request.turn, await own(self.store, request.claim)
         assert turn.lost is not None
         lost = turn.lost
 

@@ -22,7 +22,7 @@ from temporalio.exceptions import ApplicationError
 from activities.children import ChildCalls, child_summary, start_drain
 from activities.gate import Gate
 from activities.hosts import instructions
-from activities.runtime import Runtime, heartbeating, through_outages, to_claim, translated
+from activities.runtime import Runtime, heartbeating, own, through_outages, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
 from activities.tools.task import Task, prompt_input_id
 from sessionflow import telemetry
@@ -40,7 +40,7 @@ from sessionflow.models.drain import (
 from sessionflow.models.messages import ToolCompleted, ToolError, ToolPart
 from store.claims import Claim
 from store.sessions import SessionInfo, StoredPart
-from store.tool_runs import ToolAttempt
+from store.tool_runs import Taken, ToolAttempt
 from store.write.decide import Decision
 
 
@@ -57,13 +57,14 @@ class ToolActivities:
             return outcome
 
     async def _run(self, request: ToolInput) -> ToolOutcome:
-        claim = to_claim(request.claim)
+        claim = await own(self.rt.store, request.claim)
         run = ToolAttempt(
             claim.session_id,
             claim.execution_id,
             request.assistant_message_id,
             request.call_id,
             request.attempt_base + activity.info().attempt,
+            claim.owner_id,
         )
         async with translated(), heartbeating(self.rt.store, request.claim):
             session, stored = await through_outages(
@@ -122,14 +123,15 @@ class ToolActivities:
         if run.attempt == 1 and tool.retry_safe:
             return False
 
-        async def take() -> int | None:
+        async def take() -> Taken:
             # Idempotent: taken again by the same attempt, the call reports the same earlier one.
+            # The same attempt of another run (a reset run re-issued it) is not this attempt.
             return await self.rt.store.claims.run_fenced(
-                claim, lambda tx: self.rt.store.tool_runs.take(tx, run)
+                claim, lambda tx: self.rt.store.tool_runs.take_run(tx, run)
             )
 
-        earlier = await through_outages(take, within_ms=claim.lease_ms)
-        return earlier is not None and earlier < run.attempt and not tool.retry_safe
+        taken = await through_outages(take, within_ms=claim.lease_ms)
+        return taken.may_have_run(run.attempt) and not tool.retry_safe
 
     async def _execute(
         self,
@@ -204,13 +206,14 @@ class ToolActivities:
         if one of the host's workers took it (it may have run), else the host error. The
         attempt is above every attempt the host made, so a late write from there is refused."""
         tool = request.tool
-        claim = to_claim(tool.claim)
+        claim = await own(self.rt.store, tool.claim)
         run = ToolAttempt(
             claim.session_id,
             claim.execution_id,
             tool.assistant_message_id,
             tool.call_id,
             request.attempt,
+            claim.owner_id,
         )
         async with translated():
 

@@ -39,7 +39,7 @@ from activities.providers.errors import classify
 from activities.providers.limits import model_limits
 from activities.providers.models import cost
 from activities.publisher import StreamProtocolError, TurnPublisher
-from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, to_claim, translated
+from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, own, translated
 from activities.session import SessionActivities
 from activities.tools.base import ToolRegistry
 from sessionflow import telemetry
@@ -98,7 +98,7 @@ class TurnActivities:
     @activity.defn
     async def stream_turn(self, request: TurnInput) -> TurnResult:
         store = self.rt.store
-        claim = to_claim(request.claim)
+        claim = await own(store, request.claim)
         async with translated(), heartbeating(store, request.claim):
             try:
                 begun = await self._begin(claim, request)

@@ -279,6 +279,27 @@ class Claims:
         """Extend a live claim by its lease; ``ClaimLostError`` if it is not live any more."""
         return await self.db.transact(lambda tx: self._renew_in(tx, claim, None), renewal=True)
 
+    async def reown(self, claim: Claim) -> bool:
+        """Make ``claim.owner_id`` the owner of the live claim of its execution and epoch: a
+        workflow run that carries the claim on (a continue-as-new, a reset replaying the run
+        that acquired it) drives it from here on, and the fence refuses the runs before it.
+        The caller knows the new owner is the workflow's running run (Temporal says so); False
+        when there is no such live claim (released, taken over, expired)."""
+
+        async def reown_in(tx: Tx) -> bool:
+            current = await self._lock_current(tx, claim.session_id)
+            _epoch, now = await self._session_epoch_and_now(tx, claim.session_id)  # after it
+            if current is None or current.id != claim.execution_id:
+                return False
+            if int(current.epoch) != claim.epoch or int(current.expires_at) <= now:
+                return False
+            if current.owner_id != claim.owner_id:
+                params = {"sid": claim.session_id, "owner": claim.owner_id}
+                await _REOWN.rows(tx.conn, tx.dialect, params)
+            return True
+
+        return await self.db.transact(reown_in)
+
     async def release(self, claim: Claim) -> None:
         """Delete the claim (same fence); ``ClaimLostError`` if it was not live."""
         await self.db.transact(lambda tx: self.release_in(tx, claim))
@@ -637,6 +658,13 @@ _SET_EPOCH = Prepared(
     )
 )
 _RELEASE = Prepared(lambda dialect: fence(dialect, Fence(release=True), ("id",)))
+_REOWN = Prepared(
+    lambda _dialect: (
+        execution_table.update()
+        .where(_x.session_id == sa.bindparam("sid"))
+        .values(owner_id=sa.bindparam("owner"))
+    )
+)
 
 _RECOVERY_COLUMNS = tuple(c.name for c in recovery_table.columns)
 _RECOVERIES = Prepared(

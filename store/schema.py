@@ -230,6 +230,9 @@ class ToolRunRow(Base):
     call_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
     attempt: Mapped[int] = mapped_column(sa.Integer)
     time_created: Mapped[Millis]
+    # The workflow run whose attempt took it: a reset run re-issues an attempt of the same
+    # number, which must not take the call as if it were its own retry.
+    owner_id: Mapped[str | None] = mapped_column(sa.String(256))
 
 
 class HostLeaseRow(Base):

@@ -9,6 +9,12 @@ transactions of one session are serialized by the claim, so reading then writing
 
 The row also tells a retried attempt whether an earlier one may have started the tool: an attempt
 takes the call only just before it runs it, so without a row nothing ran.
+
+It also names the workflow run whose attempt took the call (``owner``). A reset run replays the
+old run's history and issues the same activity again, attempt numbers included: a take by the
+same attempt from another run is not that attempt's own retry, and the old run's attempt may
+have run the tool (``take_run``). The claim's fence refuses the old run's writes once the new
+one has written (``activities/runtime.py: own``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,20 @@ class ToolAttempt:
     assistant_message_id: str
     call_id: str
     attempt: int
+    owner: str | None = None  # the workflow run of the attempt (``workflow id/run id``)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What had taken a call before a take: its attempt (None: nothing ever started the tool)
+    and whether that was another workflow run's attempt of the same number."""
+
+    previous: int | None
+    other_run: bool = False
+
+    def may_have_run(self, attempt: int) -> bool:
+        """Whether someone other than this very attempt may have started the tool."""
+        return self.previous is not None and (self.previous < attempt or self.other_run)
 
 
 class ToolRuns:
@@ -44,25 +64,31 @@ class ToolRuns:
         Returns the attempt that had taken the call before (None: no attempt ever started the
         tool); raises ``StaleAttemptError`` when a later attempt took it.
         """
-        previous = await self._latest(tx, run)
+        return (await self.take_run(tx, run)).previous
+
+    async def take_run(self, tx: Tx, run: ToolAttempt) -> Taken:
+        """``take``, also telling a take by the same attempt of another run (``Taken``)."""
+        previous, owner = await self._latest(tx, run)
         if previous is None:
             await _INSERT.rows(tx.conn, tx.dialect, _params(run))
-        elif previous < run.attempt:
+            return Taken(None)
+        other = previous == run.attempt and run.owner is not None and owner != run.owner
+        if previous < run.attempt or other:
             await _UPDATE.rows(tx.conn, tx.dialect, _params(run))
-        return previous
+        return Taken(previous, other)
 
     async def check(self, tx: Tx, run: ToolAttempt) -> None:
         """Inside a fenced ``tx``: refuse the write if a later attempt took the call."""
         await self._latest(tx, run)
 
-    async def _latest(self, tx: Tx, run: ToolAttempt) -> int | None:
+    async def _latest(self, tx: Tx, run: ToolAttempt) -> tuple[int | None, str | None]:
         row = await _LATEST.first(tx.conn, tx.dialect, _params(run))
         latest = None if row is None else int(row[0])
         if latest is not None and latest > run.attempt:
             raise StaleAttemptError(
                 run.session_id, run.execution_id, run.attempt, latest, what=f"tool {run.call_id}"
             )
-        return latest
+        return latest, None if row is None else row[1]
 
 
 def _params(run: ToolAttempt) -> dict[str, object]:
@@ -71,6 +97,7 @@ def _params(run: ToolAttempt) -> dict[str, object]:
         "mid": run.assistant_message_id,
         "cid": run.call_id,
         "attempt": run.attempt,
+        "owner": run.owner,
     }
 
 
@@ -82,7 +109,7 @@ def _key() -> list[sa.ColumnElement[bool]]:
     ]
 
 
-_LATEST = Prepared(lambda _dialect: sa.select(_t.attempt).where(*_key()))
+_LATEST = Prepared(lambda _dialect: sa.select(_t.attempt, _t.owner_id).where(*_key()))
 _INSERT = Prepared(
     lambda dialect: tool_run_table.insert().values(
         session_id=sa.bindparam("sid"),
@@ -90,8 +117,13 @@ _INSERT = Prepared(
         call_id=sa.bindparam("cid"),
         attempt=sa.bindparam("attempt"),
         time_created=now_ms(dialect),
+        owner_id=sa.bindparam("owner"),
     )
 )
 _UPDATE = Prepared(
-    lambda _dialect: tool_run_table.update().where(*_key()).values(attempt=sa.bindparam("attempt"))
+    lambda _dialect: (
+        tool_run_table.update()
+        .where(*_key())
+        .values(attempt=sa.bindparam("attempt"), owner_id=sa.bindparam("owner"))
+    )
 )

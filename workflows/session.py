@@ -349,7 +349,7 @@ class SessionWorkflow:
         request = AcquireInput(
             session_id=self.session_id,
             execution_id=execution_id,
-            owner_id=f"{info.workflow_id}/{execution_id}",
+            owner_id=f"{info.workflow_id}/{info.run_id}",  # as its activities write (run_owner)
         )
         try:
             both = ClaimAndPrepareInput(acquire=request, force=force)

@@ -7,15 +7,19 @@ wait here: a recovery that waited for the lease would fail them, never pass them
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.session import RESTART_TEXT
+from sessionflow.errors import ClaimLostError
 from sessionflow.models.drain import SweepInput, SweepResult
+from store.claims import Claim
 from store.events import StoredEvent
 from tests.conftest import StoreFactory
 from tests.workflows.harness import Harness, call, harness
@@ -111,3 +115,116 @@ async def test_a_running_drain_is_never_taken_over_by_the_sweep(
     types = await h.types(sid)
     assert types.count("session.execution.started") == 1
     assert types.count("session.tool.success") == 1
+
+
+# --- reset --------------------------------------------------------------------------------------
+
+
+async def reset(h: Harness, sid: str, *, to: str) -> str:
+    """What the UI's Reset does: a new run from the first or last completed workflow task;
+    returns the new run's id."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+
+    handle = h.client._handle(sid)
+    history = await handle.fetch_history()
+    completed = [
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    ]
+    point = completed[0] if to == "first" else completed[-1]
+    run_id = (await handle.describe()).run_id
+    answer = await h.client.temporal.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=h.client.temporal.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=run_id),
+            reason="an operator pressed Reset",
+            workflow_task_finish_event_id=point,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    return answer.run_id
+
+
+BASH_GATE = "echo ran >> {log}; while [ ! -f {gate} ]; do sleep 0.05; done; echo done"
+
+
+async def _old_runs_writes_are_refused(h: Harness, sid: str, old_run: str) -> None:
+    """A write as the old run (its zombie activity's) is refused by the claim's fence."""
+    stored = [e async for e in h.store.events.log(sid) if isinstance(e, StoredEvent)]
+    started = next(e for e in stored if e.data.type == "session.execution.started")
+    assert started.execution_id is not None
+    owner = f"{h.client._handle(sid).id}/{old_run}"
+    zombie = Claim(sid, started.execution_id, owner, started.epoch or 1, 0, LEASE_MS)
+    with pytest.raises(ClaimLostError, match="owned by|taken over"):
+        await h.store.claims.renew(zombie)
+
+
+@pytest.mark.parametrize("to", ["last", "first"])
+async def test_a_reset_mid_tool_runs_the_command_once_and_fences_the_old_run(
+    h: Harness, to: str
+) -> None:
+    """Issue 29: a reset run replays the old run's claim and attempt numbers. Its first write
+    makes it the claim's owner; the old run's shell command, still running, is not run again
+    (its call settles as outcome-unknown, or as interrupted when the reset goes back before the
+    step), and the old run's writes are refused."""
+    log, gate = h.workspace / "ran.txt", h.workspace / "bash.gate"
+    held = h.gate_file("held")
+    sid = await h.session(
+        [call("b1", "bash", command=BASH_GATE.format(log=log, gate=gate), description="wait")],
+        [{"wait_for_file": held}, {"text": "carried on"}],
+        permissions=[{"tool": "bash", "action": "allow"}],
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: log.exists())
+    old_run = (await h.client._handle(sid).describe()).run_id
+    assert old_run is not None
+    await reset(h, sid, to=to)
+    await h.until(lambda: _settled(h, sid, "b1"), timeout=60)
+    await h.until(lambda: len(h.requests()) == 2, timeout=60)  # the next turn, still busy
+    await _old_runs_writes_are_refused(h, sid, old_run)
+    gate.touch()  # the old run's command would finish now, were it still running
+    h.open_gate("held")
+    await h.client.wait_idle(sid, timeout=60)
+    assert log.read_text().count("ran") == 1
+    (failed,) = [e for e in await h.events(sid) if e.type == "session.tool.failed"]
+    assert failed.data["error"]["type"] in ("tool.outcome-unknown", "tool.stale")
+    assistants = [m for m in await h.messages(sid) if m.type == "assistant"]
+    assert assistants[-1].finish == "stop" and "carried on" in _text(assistants[-1])
+
+
+async def _settled(h: Harness, sid: str, call_id: str) -> bool:
+    settled = ("session.tool.success", "session.tool.failed")
+    return any(e.type in settled and e.data["call_id"] == call_id for e in await h.events(sid))
+
+
+async def test_a_reset_mid_stream_continues_the_turn_in_the_new_run_only(h: Harness) -> None:
+    gate = h.gate_file("stream")
+    turn = [
+        {"text": "Before the reset.", "chunks": 2},
+        {"wait_for_file": gate},
+        {"text": " After."},
+    ]
+    sid = await h.session(turn, turn)  # the old run's request, then the new run's
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: len(h.requests()) == 1)
+    old_run = (await h.client._handle(sid).describe()).run_id
+    assert old_run is not None
+    await reset(h, sid, to="last")
+    await h.until(lambda: len(h.requests()) == 2)  # the new run's turn asks the model again
+    await _old_runs_writes_are_refused(h, sid, old_run)
+    h.open_gate("stream")
+    await h.client.wait_idle(sid, timeout=60)
+    types = await h.types(sid)
+    # The new run carried the old run's claim or took it over, as where the reset went decides.
+    assert types.count("session.execution.succeeded") == 1
+    assert types[-1] == "session.execution.succeeded"
+    assistants = [m for m in await h.messages(sid) if m.type == "assistant"]
+    assert assistants[-1].finish == "stop"
+    assert _text(assistants[-1]).count("After.") == 1
+
+
+def _text(message: Any) -> str:
+    return "".join(getattr(part, "text", "") for part in message.content if part.type == "text")
