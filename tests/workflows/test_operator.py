@@ -7,7 +7,6 @@ wait here: a recovery that waited for the lease would fail them, never pass them
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -158,7 +157,7 @@ async def _old_runs_writes_are_refused(h: Harness, sid: str, old_run: str) -> No
     assert started.execution_id is not None
     owner = f"{h.client._handle(sid).id}/{old_run}"
     zombie = Claim(sid, started.execution_id, owner, started.epoch or 1, 0, LEASE_MS)
-    with pytest.raises(ClaimLostError, match="owned by|taken over"):
+    with pytest.raises(ClaimLostError, match=r"owned by|taken over"):
         await h.store.claims.renew(zombie)
 
 
