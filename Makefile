@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/long_session.py
 	$(PY) bench/mcp.py
 	$(PY) bench/subagents.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
+	$(PY) bench/operator.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/hosts.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 
 clean:

@@ -318,6 +318,7 @@ async def ensure_sweep_schedule(
     store: Store,
     task_queue: str = TASK_QUEUE,
     every: timedelta = timedelta(seconds=30),
+    passes_every: timedelta = timedelta(seconds=3),
 ) -> str:
     """Create the recovery sweep's Schedule for this deployment, its task queue and store (an
     existing one is kept), running on that queue; returns its id. A namespace holds one per
@@ -326,7 +327,12 @@ async def ensure_sweep_schedule(
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             "RecoverySweep",
-            SweepInput(),
+            # Passes every few seconds through the run's interval: a drain an operator
+            # terminated is noticed in seconds (its live claim is then taken over at once).
+            SweepInput(
+                rounds=max(1, int(every / passes_every)),
+                every_s=passes_every.total_seconds(),
+            ),
             id=schedule_id,
             task_queue=task_queue,
         ),

@@ -141,7 +141,9 @@ def to_claim(ref: ClaimRef) -> Claim:
     """The claim as this activity writes under it: as its own workflow run (``run_owner``),
     whichever run acquired it. The fence holds the owner, so a run's writes land only while it
     owns the claim (``own``)."""
-    owner = run_owner() or ref.owner_id
+    owner = run_owner()
+    if owner is None or not ref.owner_id.startswith(owner.split("/", 1)[0] + "/"):
+        owner = ref.owner_id  # not a run of the workflow that acquired it (a test's activity)
     return Claim(ref.session_id, ref.execution_id, owner, ref.epoch, 0, ref.lease_ms)
 
 

@@ -15,13 +15,20 @@ with workflow.unsafe.imports_passed_through():
 class RecoverySweep:
     @workflow.run
     async def run(self, request: SweepInput) -> SweepResult:
-        result: SweepResult = await workflow.execute_activity(
-            "sweep_recoverable",
-            request,
-            result_type=SweepResult,
-            start_to_close_timeout=timedelta(minutes=2),
-            heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=3),
-            summary=f"wake up to {request.limit} abandoned sessions",
-        )
-        return result
+        woken: list[str] = []
+        skipped: tuple[str, ...] = ()
+        for round in range(request.rounds):
+            if round:
+                await workflow.sleep(timedelta(seconds=request.every_s))
+            result: SweepResult = await workflow.execute_activity(
+                "sweep_recoverable",
+                request,
+                result_type=SweepResult,
+                start_to_close_timeout=timedelta(minutes=2),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"wake up to {request.limit} abandoned sessions",
+            )
+            woken += result.woken
+            skipped = result.skipped
+        return SweepResult(woken=tuple(woken), skipped=skipped)

@@ -403,6 +403,10 @@ def sweep_schedule_id(task_queue: str, store_key: str) -> str:
 
 class SweepInput(Model):
     limit: int = 50
+    # Passes in one run, ``every_s`` apart: the Schedule starts a run every 30 s that passes
+    # every 3 s, so a terminated drain is noticed in seconds while the UI lists one run per 30 s.
+    rounds: int = Field(default=1, ge=1, le=100)
+    every_s: float = Field(default=3.0, gt=0)
 
 
 class SweepResult(Model):

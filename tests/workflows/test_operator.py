@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from store.claims import Claim
 from store.events import StoredEvent
 from tests.conftest import StoreFactory
 from tests.workflows.harness import Harness, call, harness
+from tests.workflows.operator_actions import reset_workflow
+from worker import ensure_sweep_schedule
 
 LEASE_MS = 600_000
 
@@ -120,31 +123,7 @@ async def test_a_running_drain_is_never_taken_over_by_the_sweep(
 
 
 async def reset(h: Harness, sid: str, *, to: str) -> str:
-    """What the UI's Reset does: a new run from the first or last completed workflow task;
-    returns the new run's id."""
-    from temporalio.api.common.v1 import WorkflowExecution
-    from temporalio.api.enums.v1 import EventType
-    from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-
-    handle = h.client._handle(sid)
-    history = await handle.fetch_history()
-    completed = [
-        e.event_id
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    ]
-    point = completed[0] if to == "first" else completed[-1]
-    run_id = (await handle.describe()).run_id
-    answer = await h.client.temporal.workflow_service.reset_workflow_execution(
-        ResetWorkflowExecutionRequest(
-            namespace=h.client.temporal.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=run_id),
-            reason="an operator pressed Reset",
-            workflow_task_finish_event_id=point,
-            request_id=str(uuid.uuid4()),
-        )
-    )
-    return answer.run_id
+    return await reset_workflow(h.client.temporal, h.client._handle(sid).id, to=to)
 
 
 BASH_GATE = "echo ran >> {log}; while [ ! -f {gate} ]; do sleep 0.05; done; echo done"
@@ -227,3 +206,38 @@ async def test_a_reset_mid_stream_continues_the_turn_in_the_new_run_only(h: Harn
 
 def _text(message: Any) -> str:
     return "".join(getattr(part, "text", "") for part in message.content if part.type == "text")
+
+
+async def test_the_scheduled_sweep_notices_a_terminate_within_its_run(
+    h: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    """The Schedule starts a sweep run every 30 s that passes every few seconds: a drain
+    terminated while that run is under way is recovered by one of its later passes, not by
+    the next run."""
+    schedule_id = await ensure_sweep_schedule(
+        temporal_env.client,
+        store=h.store,
+        task_queue=h.client.task_queue,
+        every=timedelta(seconds=30),
+        passes_every=timedelta(milliseconds=500),
+    )
+    schedule = temporal_env.client.get_schedule_handle(schedule_id)
+    try:
+        await schedule.trigger()
+        await h.until(lambda: _sweep_running(temporal_env, schedule_id), timeout=30)
+        first = await _sweep_running(temporal_env, schedule_id)
+        sid, dead = await _terminated_mid_tool(h)
+        await h.until(lambda: len(h.requests()) == 2, timeout=30)
+        await h.client.wait_idle(sid, timeout=60)
+        await _after_takeover(h, sid, dead)
+        # Still the run that was under way when the drain was terminated: one of its passes.
+        assert await _sweep_running(temporal_env, schedule_id) == first
+    finally:
+        await schedule.delete()
+
+
+async def _sweep_running(env: WorkflowEnvironment, schedule_id: str) -> str | None:
+    """The workflow id of the Schedule's running sweep, if one runs."""
+    description = await env.client.get_schedule_handle(schedule_id).describe()
+    running = description.info.running_actions
+    return running[0].workflow_id if running else None

@@ -1,0 +1,35 @@
+"""What the Temporal UI's Reset button does, for the tests and ``bench/operator.py``."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.client import Client
+
+
+async def reset_workflow(client: Client, workflow_id: str, *, to: str) -> str:
+    """Reset the workflow's running run to its first or last completed workflow task (``to``:
+    ``first`` or ``last``), as the UI offers; returns the new run's id."""
+    if to not in ("first", "last"):
+        raise ValueError(f"reset to first or last, not {to!r}")
+    handle = client.get_workflow_handle(workflow_id)
+    history = await handle.fetch_history()
+    completed = [
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    ]
+    run_id = (await handle.describe()).run_id
+    answer = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+            reason="an operator pressed Reset",
+            workflow_task_finish_event_id=completed[0] if to == "first" else completed[-1],
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    return answer.run_id
