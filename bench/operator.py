@@ -75,7 +75,7 @@ async def one(
     allow = [{"tool": "bash", "action": "allow"}]
     sid = await client.create_session(workspace=str(workspace), model=model, permissions=allow)
     await client.prompt(sid, "Go")
-    waited = "session.text.delta" if moment == "mid-stream" else "session.tool.progress"
+    waited = "session.text.delta" if moment == "mid-stream" else "session.tool.called"
     after = await _until(store, sid, lambda e: e.data.type == waited, after=0)
     await asyncio.sleep(0.3)  # well inside the moment
     handle = client._handle(sid)
