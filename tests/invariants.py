@@ -6,6 +6,9 @@
 - I4: events written under a claim carry its execution id and epoch; epochs never go back (no
   write of an older execution after a later one began); only admissions are unstamped.
 - I5: exactly one terminal per started step, one execution terminal per ``execution.started``.
+- I6: one ``tool.called`` per (assistant message, call id); in a final log every call settled.
+- I7: one execution per epoch (a takeover always moves the epoch on).
+- I8: the log starts with the session's ``session.created``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def violations(events: Sequence[StoredEvent], *, final: bool = True) -> list[str
     """What ``events`` breaks. A log that is not ``final`` (its session is still claimed: a
     test ended mid busy period) may lack the terminals still to come, never have extra ones."""
     found = _gaps(events) + _tools(events) + _stamps(events) + _terminals(events, final)
-    return found
+    return found + _calls(events, final) + _epochs(events) + _first(events)
 
 
 def assert_clean(events: Sequence[StoredEvent]) -> None:
@@ -158,3 +161,41 @@ def _terminals(events: Sequence[StoredEvent], final: bool = True) -> list[str]:
         if wrong(executions[x])
     ]
     return found
+
+
+def _calls(events: Sequence[StoredEvent], final: bool) -> list[str]:
+    found: list[str] = []
+    called: Counter[tuple[str | None, str]] = Counter()
+    settled: set[tuple[str | None, str]] = set()
+    for event in events:
+        call_id = getattr(event.data, "call_id", None)
+        if call_id is None:
+            continue
+        key = (_message(event), call_id)
+        if _kind(event) == "session.tool.called":
+            called[key] += 1
+            if called[key] > 1:
+                found.append(f"I6: second tool.called at seq {event.seq} for {key}")
+        elif _kind(event) in TOOL_TERMINALS:
+            settled.add(key)
+    if final:
+        found += [f"I6: call {key} never settled" for key in called if key not in settled]
+    return found
+
+
+def _epochs(events: Sequence[StoredEvent]) -> list[str]:
+    executions: dict[int, set[str]] = {}
+    for event in events:
+        if event.execution_id is not None and event.epoch is not None:
+            executions.setdefault(event.epoch, set()).add(event.execution_id)
+    return [
+        f"I7: epoch {epoch} has executions {sorted(ids)}"
+        for epoch, ids in sorted(executions.items())
+        if len(ids) > 1
+    ]
+
+
+def _first(events: Sequence[StoredEvent]) -> list[str]:
+    if not events or _kind(events[0]) == "session.created":
+        return []
+    return [f"I8: the log starts with {_kind(events[0])} at seq {events[0].seq}"]

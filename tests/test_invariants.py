@@ -78,6 +78,23 @@ def _two_execution_terminals(log: Log) -> Log:
     return _renumbered([*log, log[6]])
 
 
+def _second_call(log: Log) -> Log:
+    return _renumbered([*log[:4], log[3], *log[4:]])
+
+
+def _call_never_settled(log: Log) -> Log:
+    return _renumbered([*log[:4], *log[5:]])
+
+
+def _two_executions_at_one_epoch(log: Log) -> Log:
+    log[2] = _with(log[2], execution_id="exec_2", epoch=1)
+    return log
+
+
+def _no_creation(log: Log) -> Log:
+    return _renumbered(log[1:])
+
+
 def _with(event: StoredEvent, **fields: object) -> StoredEvent:
     values = {**event.__dict__, **fields}
     return StoredEvent(**values)  # type: ignore[arg-type]
@@ -98,6 +115,10 @@ def _renumbered(log: Log) -> Log:
         ("I4", _older_epoch_after_a_newer),
         ("I5", _step_without_terminal),
         ("I5", _two_execution_terminals),
+        ("I6", _second_call),
+        ("I6", _call_never_settled),
+        ("I7", _two_executions_at_one_epoch),
+        ("I8", _no_creation),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

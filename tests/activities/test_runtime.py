@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.runtime import heartbeating, through_outages
-from sessionflow.errors import StoreUnavailableError
+from activities.runtime import application_error, heartbeating, through_outages
+from sessionflow.errors import ClaimHeldError, StoreUnavailableError
 from sessionflow.models.drain import ClaimRef
 
 
@@ -84,3 +84,17 @@ async def test_heartbeats_go_on_while_a_claim_renewal_is_stuck() -> None:
 
     assert await asyncio.wait_for(env.run(work), 60) >= 4
     assert enough.is_set()
+
+
+def test_a_held_claims_retry_waits_by_the_database_clock_not_the_workers() -> None:
+    """Catalogue F7: a worker whose clock is an hour off still retries a held claim when the
+    database says it expires (the store read its clock when it saw the claim held)."""
+    held = ClaimHeldError("ses_x", "exec_a", expires_at_ms=10_000, now_ms=7_500)
+    assert held.remaining_ms() == 2_500  # whatever time.time() says here
+    delay = application_error(held).next_retry_delay
+    assert delay is not None and delay.total_seconds() == pytest.approx(2.6)
+
+
+def test_a_held_claim_seen_without_the_database_clock_falls_back_to_this_process() -> None:
+    held = ClaimHeldError("ses_x", "exec_a", expires_at_ms=0)
+    assert held.remaining_ms() == 0

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
@@ -57,8 +58,37 @@ async def test_a_live_claim_of_another_execution_is_held(store: Store) -> None:
         await store.claims.acquire(sid, "exec_b", "owner-b")
     assert held.value.expires_at_ms == claim.expires_at
     assert held.value.execution_id == "exec_a"
+    # Seen by the database clock (F7: a retry waits by it, not by the worker's).
+    assert held.value.now_ms is not None
+    assert 0 < held.value.remaining_ms() <= store.claims.lease_ms
     assert await count(store, "session_execution") == 1
     assert await count(store, "session_recovery") == 0
+
+
+async def test_a_live_claim_named_dead_is_taken_over_at_once(store: Store) -> None:
+    """Temporal said the holder's run closed (``activities/session.py: closed_owner``): the
+    live claim is taken over with a new epoch and the dead execution recorded for recovery;
+    a live claim of any other execution is still held."""
+    sid = await new_session(store)
+    await store.claims.acquire(sid, "exec_a", "owner-a")
+    with pytest.raises(ClaimHeldError):
+        await store.claims.acquire(sid, "exec_b", "owner-b", dead="exec_other")
+    taken = await store.claims.acquire(sid, "exec_b", "owner-b", dead="exec_a")
+    assert (taken.execution_id, taken.epoch) == ("exec_b", 2)
+    assert [r.execution_id for r in await store.claims.recoveries(sid)] == ["exec_a"]
+
+
+async def test_reown_moves_a_live_claim_to_the_run_that_carries_it(store: Store) -> None:
+    sid = await new_session(store)
+    first = await store.claims.acquire(sid, "exec_a", "wf/run-1")
+    carried = replace(first, owner_id="wf/run-2")
+    with pytest.raises(ClaimLostError, match="owned by"):
+        await store.claims.renew(carried)
+    assert await store.claims.reown(carried)
+    await store.claims.renew(carried)
+    with pytest.raises(ClaimLostError, match="owned by"):
+        await store.claims.renew(first)  # the run before it is refused from now on
+    assert not await store.claims.reown(replace(carried, epoch=5))  # not its claim
 
 
 async def test_acquiring_again_for_the_same_live_execution_returns_its_claim(store: Store) -> None:

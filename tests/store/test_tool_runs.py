@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -30,6 +32,20 @@ async def test_take_returns_the_attempt_that_took_the_call_before(store: Store) 
         assert await store.tool_runs.take(tx, attempt(claim, 1, "call_2")) is None
     async with store.claims.fenced(claim) as tx:
         assert await store.tool_runs.take(tx, attempt(claim, 3)) == 3
+
+
+async def test_the_same_attempt_of_another_run_may_have_run_the_tool(store: Store) -> None:
+    """A reset run re-issues the old run's attempt with the same number: it is told that an
+    attempt may have run the tool, and owns the call from then on; the same attempt of the
+    same run taking it again (a retry of the take) is its own."""
+    claim = await claimed(store)
+    old, new = (replace(attempt(claim, 1), owner=f"wf/{run}") for run in ("run-1", "run-2"))
+    async with store.claims.fenced(claim) as tx:
+        assert not (await store.tool_runs.take_run(tx, old)).may_have_run(1)
+        assert not (await store.tool_runs.take_run(tx, old)).may_have_run(1)
+        taken = await store.tool_runs.take_run(tx, new)
+        assert (taken.previous, taken.other_run) == (1, True) and taken.may_have_run(1)
+        assert not (await store.tool_runs.take_run(tx, new)).may_have_run(1)
 
 
 async def test_an_older_attempt_is_refused_and_writes_nothing(store: Store) -> None:
