@@ -157,33 +157,48 @@ async def own(store: Store, ref: ClaimRef) -> Claim:
     acquired it: a continue-as-new carries a claim into the next run, and an operator's
     Reset replays the old run's history, its claim included, into a new run. The new run owns
     the claim once Temporal says it is the workflow's running one (then every other run is
-    closed); from then on the fence refuses every write of the runs before it, zombie
-    activities included. The acquiring run itself, the common case, costs nothing here; a run
-    that carries a claim costs one describe and one write, once per worker process."""
+    closed), and only if no other run took it meanwhile (``Claims.reown``); from then on the
+    fence refuses every write of the runs before it, zombie activities included. The
+    acquiring run itself, the common case, costs nothing here; a run that carries a claim
+    costs a read, one describe and one write, once per worker process."""
     claim = to_claim(ref)
     key = (claim.session_id, claim.execution_id, claim.epoch, claim.owner_id)
     if claim.owner_id == ref.owner_id or key in _OWNED:
         return claim
-    if await _running_run():
-        await store.claims.reown(claim)
-        if len(_OWNED) >= _OWNED_MAX:
-            _OWNED.pop(next(iter(_OWNED)))
-        _OWNED[key] = None
-    return claim  # not the running run: its writes are refused, as a zombie's must be
+    seen = await store.claims.owner(claim)
+    if seen is not None and seen != claim.owner_id:
+        if not await _running_run():
+            return claim  # not the running run: its writes are refused, as a zombie's must be
+        if not await store.claims.reown(claim, seen):
+            return claim  # gone, or another run took it: the write says why it is refused
+    if len(_OWNED) >= _OWNED_MAX:
+        _OWNED.pop(next(iter(_OWNED)))
+    _OWNED[key] = None
+    return claim
 
 
 async def _running_run() -> bool:
-    """Whether this activity's workflow run is its workflow's running run, as Temporal says."""
+    """Whether this activity's workflow run is its workflow's running run, as Temporal says.
+    A server that does not answer (three tries) fails the attempt, to be retried: never a
+    silent no, which would refuse a live run's writes for good."""
     info = activity.info()
-    try:
-        handle = activity.client().get_workflow_handle(info.workflow_id or "")
-        described = await handle.describe()
-    except (RPCError, RuntimeError):
-        return False
-    return (
-        described.run_id == info.workflow_run_id
-        and described.status == WorkflowExecutionStatus.RUNNING
-    )
+    handle = activity.client().get_workflow_handle(info.workflow_id or "")
+    for pause in (0.2, 0.5, None):
+        try:
+            described = await handle.describe()
+        except RPCError as error:
+            if pause is None:
+                raise ApplicationError(
+                    f"Temporal did not say whether run {info.workflow_run_id} runs: {error}",
+                    type="RunUnknownError",
+                ) from error
+            await asyncio.sleep(pause)
+            continue
+        return (
+            described.run_id == info.workflow_run_id
+            and described.status == WorkflowExecutionStatus.RUNNING
+        )
+    raise AssertionError("unreachable")
 
 
 def to_ref(claim: Claim) -> ClaimRef:

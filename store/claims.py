@@ -40,7 +40,7 @@ from sessionflow.ids import validate_id
 from store.db import Connection, Database, Stamp, Tx, retry_conflicts
 from store.dialect import DRIVER_ERRORS, DialectName, for_update, insert, is_lock_timeout, now_ms
 from store.prepared import Prepared
-from store.schema import execution_table, recovery_table, session_table
+from store.schema import execution_table, recovery_table, session_table, tool_run_table
 from store.tool_runs import ToolAttempt, ToolRuns
 from store.write.fence import Fence, fence
 
@@ -279,12 +279,25 @@ class Claims:
         """Extend a live claim by its lease; ``ClaimLostError`` if it is not live any more."""
         return await self.db.transact(lambda tx: self._renew_in(tx, claim, None), renewal=True)
 
-    async def reown(self, claim: Claim) -> bool:
-        """Make ``claim.owner_id`` the owner of the live claim of its execution and epoch: a
-        workflow run that carries the claim on (a continue-as-new, a reset replaying the run
-        that acquired it) drives it from here on, and the fence refuses the runs before it.
-        The caller knows the new owner is the workflow's running run (Temporal says so); False
-        when there is no such live claim (released, taken over, expired)."""
+    async def owner(self, claim: Claim) -> str | None:
+        """The owner of ``claim``'s row as last committed, if it is still that execution's."""
+        async with self.db.read(single=True) as conn:
+            row = await _HOLDER_OWNER.first(conn, self.db.dialect, {"sid": claim.session_id})
+        if row is None or row[0] != claim.execution_id or int(row[1]) != claim.epoch:
+            return None
+        return str(row[2])
+
+    async def reown(self, claim: Claim, seen: str) -> bool:
+        """Make ``claim.owner_id`` the owner of the live claim of its execution and epoch, if
+        its owner is still ``seen`` (read before the caller asked Temporal whether the new
+        owner is the workflow's running run: a run reset meanwhile, whose successor took the
+        claim first, cannot take it back). A workflow run that carries a claim on (a
+        continue-as-new, a reset replaying the run that acquired it) drives it from here on,
+        and the fence refuses the runs before it. The attempts the runs before it reached
+        start again (the step's and every call's, the calls keeping their taker), so the new
+        run's attempts, replayed from an earlier point, are not older than theirs, and a call
+        one of them took still tells the new run that it may have run. False when there is no
+        such live claim (released, taken over, expired, or owned by another run since)."""
 
         async def reown_in(tx: Tx) -> bool:
             current = await self._lock_current(tx, claim.session_id)
@@ -293,9 +306,13 @@ class Claims:
                 return False
             if int(current.epoch) != claim.epoch or int(current.expires_at) <= now:
                 return False
-            if current.owner_id != claim.owner_id:
-                params = {"sid": claim.session_id, "owner": claim.owner_id}
-                await _REOWN.rows(tx.conn, tx.dialect, params)
+            if current.owner_id == claim.owner_id:
+                return True
+            if current.owner_id != seen:
+                return False
+            params = {"sid": claim.session_id, "owner": claim.owner_id}
+            await _REOWN.rows(tx.conn, tx.dialect, params)
+            await _RESTART_RUNS.rows(tx.conn, tx.dialect, params)
             return True
 
         return await self.db.transact(reown_in)
@@ -662,7 +679,19 @@ _REOWN = Prepared(
     lambda _dialect: (
         execution_table.update()
         .where(_x.session_id == sa.bindparam("sid"))
-        .values(owner_id=sa.bindparam("owner"))
+        .values(owner_id=sa.bindparam("owner"), step_attempt=0)
+    )
+)
+_RESTART_RUNS = Prepared(
+    lambda _dialect: (
+        tool_run_table.update()
+        .where(tool_run_table.c.session_id == sa.bindparam("sid"))
+        .values(attempt=0)
+    )
+)
+_HOLDER_OWNER = Prepared(
+    lambda _dialect: sa.select(_x.id, _x.epoch, _x.owner_id).where(
+        _x.session_id == sa.bindparam("sid")
     )
 )
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, FailureError
 
 T = TypeVar("T")
 
@@ -101,24 +102,22 @@ TOOL = Options(
 async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
     """Run an activity by name (workflows hold no activity code) with typed input and output."""
     if options.local:
-        local = asyncio.ensure_future(
-            workflow.execute_local_activity(
-                name,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=options.start_to_close,
-                retry_policy=options.retry,
-                cancellation_type=options.cancellation,
-                summary=summary,
-            )
-        )
         try:
-            return cast(T, await asyncio.shield(local))
-        except asyncio.CancelledError:
-            # An interrupt never cuts a local activity off: it would roll back what it was
-            # committing (a granted claim, a settlement) and end the busy period "failed:
-            # Cancelled". It runs to its end; the drain checks ``stopping`` after every one.
-            return cast(T, await local)
+            return await _local(name, arg, result_type, summary, options)
+        except FailureError as failure:
+            if isinstance(failure, ActivityError):
+                raise
+            # A local activity's failure reaches the workflow bare (temporalio 1.35): raise it
+            # as an activity's, so every handler of activity failures sees it alike.
+            raise ActivityError(
+                f"local activity {name} failed",
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="",
+                activity_type=name,
+                activity_id="",
+                retry_state=None,
+            ) from failure
     result = await workflow.execute_activity(
         name,
         arg,
@@ -132,3 +131,24 @@ async def call(name: str, arg: Any, result_type: type[T], summary: str, options:
         summary=summary,
     )
     return cast(T, result)
+
+
+async def _local(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:
+    local = asyncio.ensure_future(
+        workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=options.start_to_close,
+            retry_policy=options.retry,
+            cancellation_type=options.cancellation,
+            summary=summary,
+        )
+    )
+    try:
+        return cast(T, await asyncio.shield(local))
+    except asyncio.CancelledError:
+        # An interrupt never cuts a local activity off: it would roll back what it was
+        # committing (a granted claim, a settlement) and end the busy period "failed:
+        # Cancelled". It runs to its end; the drain checks ``stopping`` after every one.
+        return cast(T, await local)

@@ -84,11 +84,15 @@ async def test_reown_moves_a_live_claim_to_the_run_that_carries_it(store: Store)
     carried = replace(first, owner_id="wf/run-2")
     with pytest.raises(ClaimLostError, match="owned by"):
         await store.claims.renew(carried)
-    assert await store.claims.reown(carried)
+    assert await store.claims.owner(carried) == "wf/run-1"
+    assert await store.claims.reown(carried, "wf/run-1")
     await store.claims.renew(carried)
     with pytest.raises(ClaimLostError, match="owned by"):
         await store.claims.renew(first)  # the run before it is refused from now on
-    assert not await store.claims.reown(replace(carried, epoch=5))  # not its claim
+    assert not await store.claims.reown(replace(carried, epoch=5), "wf/run-2")  # not its claim
+    # A run that saw the owner before another run took the claim cannot take it back.
+    assert not await store.claims.reown(first, "wf/run-1")
+    await store.claims.renew(carried)
 
 
 async def test_acquiring_again_for_the_same_live_execution_returns_its_claim(store: Store) -> None:

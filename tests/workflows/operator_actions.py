@@ -11,10 +11,11 @@ from temporalio.client import Client
 
 
 async def reset_workflow(client: Client, workflow_id: str, *, to: str) -> str:
-    """Reset the workflow's running run to its first or last completed workflow task (``to``:
-    ``first`` or ``last``), as the UI offers; returns the new run's id."""
-    if to not in ("first", "last"):
-        raise ValueError(f"reset to first or last, not {to!r}")
+    """Reset the workflow's running run to a completed workflow task, as the UI offers
+    (``to``: ``first``, ``last``, or ``middle``: the first one after an activity completed);
+    returns the new run's id."""
+    if to not in ("first", "last", "middle"):
+        raise ValueError(f"reset to first, last or middle, not {to!r}")
     handle = client.get_workflow_handle(workflow_id)
     history = await handle.fetch_history()
     completed = [
@@ -22,6 +23,13 @@ async def reset_workflow(client: Client, workflow_id: str, *, to: str) -> str:
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
     ]
+    if to == "middle":
+        done = next(
+            e.event_id
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        )
+        completed = [next(event_id for event_id in completed if event_id > done)]
     run_id = (await handle.describe()).run_id
     answer = await client.workflow_service.reset_workflow_execution(
         ResetWorkflowExecutionRequest(

@@ -81,6 +81,81 @@ async def test_a_history_with_a_person_answering_replays(h: Harness) -> None:
         (HISTORIES / "approval.json").write_text(json.dumps(history.to_json_dict()))
 
 
+async def _replayed_and_recorded(h: Harness, sid: str, name: str, *, run_id: str = "") -> None:
+    """The session's run (its first with ``run_id``) replays; recorded as ``<name>.json``."""
+    history = await h.client.temporal.get_workflow_handle(
+        h.client._handle(sid).id, run_id=run_id or None
+    ).fetch_history()
+    await replayer(SessionWorkflow).replay_workflow(history)
+    if os.environ.get("SESSIONFLOW_RECORD_HISTORIES"):
+        (HISTORIES / f"{name}.json").write_text(json.dumps(history.to_json_dict()))
+
+
+async def test_a_history_with_an_interrupt_replays(h: Harness) -> None:
+    """Catalogue C10: an interrupt mid-tool (the turn and tool cancelled and settled)."""
+    sid = await h.session([call("g1", "gate", gate=h.gate_file("never"))], [{"text": "x"}])
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    assert await h.client.interrupt(sid)
+    await h.client.wait_idle(sid, timeout=60)
+    await _replayed_and_recorded(h, sid, "interrupt")
+
+
+async def test_a_history_with_a_compaction_replays(h: Harness) -> None:
+    """Catalogue C10: a manual compaction between two prompts."""
+    sid = await h.session([{"text": "first"}], [{"text": "the summary"}], [{"text": "second"}])
+    await h.client.prompt(sid, "one")
+    await h.client.wait_idle(sid, timeout=60)
+    await h.client.compact(sid)
+    await h.client.prompt(sid, "two")
+    await h.until(lambda: len(h.requests()) == 3, timeout=60)
+    await h.client.wait_idle(sid, timeout=60)
+    await _replayed_and_recorded(h, sid, "compaction")
+
+
+async def test_a_history_with_a_recovery_replays(h: Harness) -> None:
+    """Catalogue C10: a drain terminated mid-tool, its claim taken over by the next prompt's
+    run, which recovers the step (the stale call, the restart message)."""
+    sid = await h.session(
+        [call("g1", "gate", gate=h.gate_file("never"))], [{"text": "recovered"}], [{"text": "x"}]
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    await h.client._handle(sid).terminate("recorded: the drain is lost")
+    await h.client.prompt(sid, "Go on")
+    await h.client.wait_idle(sid, timeout=60)
+    await _replayed_and_recorded(h, sid, "recovery")
+
+
+async def test_a_history_of_a_reset_run_replays(h: Harness) -> None:
+    """Catalogue C10 (issue 29): the run an operator's Reset made, mid-tool, which carries
+    the old run's claim on (``own``) and settles the re-issued call as outcome-unknown."""
+    from tests.workflows.operator_actions import reset_workflow
+
+    sid = await h.session(
+        [call("g1", "gate", gate=h.gate_file("g"))], [{"text": "after the reset"}], [{"text": "x"}]
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    new_run = await reset_workflow(h.client.temporal, h.client._handle(sid).id, to="last")
+    h.open_gate("g")
+    await h.client.wait_idle(sid, timeout=60)
+    await _replayed_and_recorded(h, sid, "reset", run_id=new_run)
+
+
+async def test_a_history_with_a_lost_turn_restarted_replays(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """Catalogue C10: a turn past its bound is lost, not failed, and the step restarted."""
+    slow = {"text": "slow " * 40, "chunks": 40, "delay_ms": 60}  # past the 1 s bound
+    async with harness(temporal_env.client, store, tmp_path, turn_timeout_s=1) as h:
+        sid = await h.session([slow], [{"text": "continued"}])
+        await h.client.prompt(sid, "Go")
+        await h.client.wait_idle(sid, timeout=60)
+        assert [m.type for m in await h.messages(sid)].count("synthetic") == 1
+        await _replayed_and_recorded(h, sid, "lost-turn")
+
+
 def _payload_sizes(node: Any) -> list[int]:
     """Sizes of every payload's data (base64 in the JSON form) anywhere in an event."""
     if isinstance(node, dict):
@@ -206,6 +281,21 @@ async def test_continue_as_new_mid_busy_period_keeps_the_sessions_host(
         settled = [e for e in await h.events(sid) if e.type == "session.tool.success"]
         assert [e.data["call_id"] for e in settled] == [f"c{i}" for i in range(6)]
         assert {e.data["host"] for e in settled} == {"b"}
+
+
+async def test_a_history_that_continues_as_new_mid_busy_period_replays(
+    small_history_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """Catalogue C10: the first run of a busy period that continued as new."""
+    async with harness(small_history_env.client, store, tmp_path) as h:
+        turns = [[call(f"c{i}", text=str(i))] for i in range(6)] + [[{"text": "all done"}]]
+        sid = await h.session(*turns)
+        await h.client.prompt(sid, "many steps")
+        await h.client.wait_idle(sid, timeout=60)
+        first = (await h.client._handle(sid).describe()).raw_description
+        run_id = first.workflow_execution_info.first_run_id
+        assert run_id and run_id != first.workflow_execution_info.execution.run_id
+        await _replayed_and_recorded(h, sid, "continue-as-new", run_id=run_id)
 
 
 async def test_a_resume_sent_while_an_interrupt_settles_runs_even_when_history_is_long(

@@ -7,6 +7,7 @@ wait here: a recovery that waited for the lease would fail them, never pass them
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from temporalio.testing import WorkflowEnvironment
 
 from activities.session import RESTART_TEXT
+from activities.tools.base import Tool, ToolContext, ToolOutput
 from sessionflow.errors import ClaimLostError
 from sessionflow.models.drain import SweepInput, SweepResult
 from store.claims import Claim
@@ -24,6 +27,7 @@ from store.events import StoredEvent
 from tests.conftest import StoreFactory
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.operator_actions import reset_workflow
+from tests.workflows.tools import Gate, registry
 from worker import ensure_sweep_schedule
 
 LEASE_MS = 600_000
@@ -241,3 +245,73 @@ async def _sweep_running(env: WorkflowEnvironment, schedule_id: str) -> str | No
     description = await env.client.get_schedule_handle(schedule_id).describe()
     running = description.info.running_actions
     return running[0].workflow_id if running else None
+
+
+async def test_a_reset_to_a_task_in_the_middle_of_a_busy_period_goes_on(h: Harness) -> None:
+    """The old run had moved the step's attempt past the one the reset run replays: the new
+    owner's attempts start again (``Claims.reown``), so its settlement is not refused."""
+    held = h.gate_file("held")
+    sid = await h.session(
+        [call("c1", "echo", text="hi")],
+        [{"text": "second step "}, {"wait_for_file": held}, {"text": "done"}],
+        [{"text": "second step again "}, {"wait_for_file": held}, {"text": "done"}],
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: len(h.requests()) == 2, timeout=30)  # step 2 streams
+    await reset(h, sid, to="middle")
+    h.open_gate("held")
+    await h.client.wait_idle(sid, timeout=60)
+    types = await h.types(sid)
+    assert "session.execution.failed" not in types and types[-1] == "session.execution.succeeded"
+    assert [m.finish for m in await h.messages(sid) if m.type == "assistant"][-1] == "stop"
+
+
+class _AttemptDies(BaseException):
+    """Not a tool failure: it escapes the tool and fails the activity's attempt."""
+
+
+class _FlakyInput(BaseModel):
+    gate: str
+
+
+class Flaky(Tool[_FlakyInput]):
+    """Retry-safe: its first attempt dies, its second waits on a gate, a third returns."""
+
+    name = "flaky"
+    description = "Dies once, then waits, then answers."
+    input_model = _FlakyInput
+    retry_safe = True
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def execute(self, input: _FlakyInput, context: ToolContext) -> ToolOutput:
+        self.runs += 1
+        if self.runs == 1:
+            raise _AttemptDies("the attempt dies")
+        if self.runs == 2:
+            while not Path(input.gate).exists():
+                await asyncio.sleep(0.02)
+        return ToolOutput.text(f"run {self.runs}", text=f"run {self.runs}")
+
+
+async def test_a_reset_while_a_call_is_on_its_second_attempt_goes_on(
+    temporal_env: WorkflowEnvironment, open_test_store: StoreFactory, tmp_path: Path
+) -> None:
+    """The old run's attempt 2 had taken the call; the reset run's attempt 1 is not refused
+    as older (the new owner's attempts start again), and the busy period succeeds."""
+    store = await open_test_store(lease_ms=LEASE_MS)
+    flaky = Flaky()
+    async with harness(
+        temporal_env.client, store, tmp_path, tools=registry(Gate()).merged([("test", flaky)])
+    ) as h:
+        sid = await h.session([call("f1", "flaky", gate=h.gate_file("g"))], [{"text": "on"}])
+        await h.client.prompt(sid, "Go")
+        await h.until(lambda: flaky.runs == 2, timeout=30)
+        await reset(h, sid, to="last")
+        await h.client.wait_idle(sid, timeout=60)
+        types = await h.types(sid)
+        assert (
+            "session.execution.failed" not in types and types[-1] == "session.execution.succeeded"
+        )
+        assert types.count("session.tool.success") == 1
