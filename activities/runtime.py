@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -194,11 +194,13 @@ async def _running_run() -> bool:
                 ) from error
             await asyncio.sleep(pause)
             continue
-        return (
-            described.run_id == info.workflow_run_id
-            and described.status == WorkflowExecutionStatus.RUNNING
-        )
+        return is_running_run(described, info.workflow_run_id)
     raise AssertionError("unreachable")
+
+
+def is_running_run(described: WorkflowExecutionDescription, run_id: str | None) -> bool:
+    """Whether ``run_id`` is the running run of the workflow ``described`` (its latest run)."""
+    return described.run_id == run_id and described.status == WorkflowExecutionStatus.RUNNING
 
 
 def to_ref(claim: Claim) -> ClaimRef:

@@ -23,7 +23,7 @@ from activities.restart import (
     restart_message,
     stale,
 )
-from activities.runtime import Runtime, own, to_claim, to_ref, translated
+from activities.runtime import Runtime, is_running_run, own, to_claim, to_ref, translated
 from activities.tools.changes import step_files
 from sessionflow.agents import UnknownAgentError
 from sessionflow.errors import ClaimHeldError
@@ -95,8 +95,7 @@ async def closed_owner(held: ClaimHeldError) -> str | None:
         return None  # unknown to Temporal (another deployment's run, a server blip)
     if holder.status in (None, WorkflowExecutionStatus.RUNNING):
         return None
-    running = current.status == WorkflowExecutionStatus.RUNNING
-    return held.execution_id if running and current.run_id == info.workflow_run_id else None
+    return held.execution_id if is_running_run(current, info.workflow_run_id) else None
 
 
 class WorkerLimits(TypedDict):

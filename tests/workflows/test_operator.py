@@ -8,7 +8,6 @@ wait here: a recovery that waited for the lease would fail them, never pass them
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,12 +20,12 @@ from temporalio.testing import WorkflowEnvironment
 from activities.session import RESTART_TEXT
 from activities.tools.base import Tool, ToolContext, ToolOutput
 from sessionflow.errors import ClaimLostError
-from sessionflow.models.drain import SweepInput, SweepResult
 from store.claims import Claim
 from store.events import StoredEvent
 from tests.conftest import StoreFactory
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.operator_actions import reset_workflow
+from tests.workflows.test_recovery import sweep
 from tests.workflows.tools import Gate, registry
 from worker import ensure_sweep_schedule
 
@@ -87,14 +86,7 @@ async def test_a_prompt_after_terminate_takes_the_claim_over_at_once(h: Harness)
 
 
 async def _swept(h: Harness, env: WorkflowEnvironment, sid: str) -> bool:
-    result = await env.client.execute_workflow(
-        "RecoverySweep",
-        SweepInput(),
-        id=f"sweep-{uuid.uuid4()}",
-        task_queue=h.client.task_queue,
-        result_type=SweepResult,
-    )
-    return sid in result.woken
+    return sid in (await sweep(h, env)).woken
 
 
 async def test_the_sweep_wakes_a_terminated_drain_while_its_claim_is_live(
