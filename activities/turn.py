@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -37,7 +37,7 @@ from activities.providers import base as p
 from activities.providers.convert import sendable
 from activities.providers.errors import classify
 from activities.providers.limits import model_limits
-from activities.providers.models import cost
+from activities.providers.prices import step_cost
 from activities.publisher import StreamProtocolError, TurnPublisher
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, own, translated
 from activities.session import SessionActivities
@@ -133,18 +133,18 @@ class TurnActivities:
                 "session.id": claim.session_id,
                 "model": str(model),
                 "step": step,
+                # The GenAI semantic conventions' request attributes.
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": model.provider_id,
+                "gen_ai.request.model": model.id,
+                "gen_ai.conversation.id": claim.session_id,
             }
             with telemetry.tracer().start_as_current_span(
                 "provider.turn", attributes=attributes
             ) as span:
                 ran = await _unless_shutdown(stream.run(provider_request, step))
                 result = ran if ran is not None else stream.handed_back(step)
-                tokens = result.tokens
-                span.set_attribute("finish", result.finish or "none")
-                span.set_attribute("tokens.input", tokens.input if tokens else 0)
-                span.set_attribute("tokens.output", tokens.output if tokens else 0)
-                span.set_attribute("cost", result.cost)
-                span.set_attribute("tool_calls", len(result.calls))
+                span.set_attributes(_usage_attributes(result))
             if ran is not None and _settles_itself(result):
                 result = await self._settle(request, result)
             return result
@@ -521,7 +521,7 @@ class _Stream:
             started=publisher.step_started,
             finish=publisher.finish,
             tokens=publisher.tokens,
-            cost=cost(publisher.model, publisher.tokens) if publisher.tokens else 0.0,
+            cost=step_cost(publisher.model, publisher.tokens),
             calls=tuple(self.calls),
             step_failure=None if retryable else publisher.step_failure,
             provider_failed=publisher.provider_failed,
@@ -590,3 +590,27 @@ class _Stream:
             assistant_message_id=self.request.assistant_message_id, calls=tuple(calls)
         )
         await handle.signal("tools_ready", ready)
+
+
+def _usage_attributes(result: TurnResult) -> dict[str, str | int | float | Sequence[str]]:
+    """What a turn's span says it used, in the GenAI semantic conventions' terms (input
+    includes cache reads and writes, output includes reasoning) and ours (``cost``, absent
+    when the model has no price)."""
+    found: dict[str, str | int | float | Sequence[str]] = {
+        "finish": result.finish or "none",
+        "tool_calls": len(result.calls),
+    }
+    if result.finish is not None:
+        found["gen_ai.response.finish_reasons"] = (result.finish,)
+    tokens = result.tokens
+    if tokens is not None:
+        found |= {
+            "gen_ai.usage.input_tokens": tokens.input + tokens.cache.read + tokens.cache.write,
+            "gen_ai.usage.output_tokens": tokens.output + tokens.reasoning,
+            "gen_ai.usage.cache_read.input_tokens": tokens.cache.read,
+            "gen_ai.usage.cache_creation.input_tokens": tokens.cache.write,
+            "gen_ai.usage.reasoning.output_tokens": tokens.reasoning,
+        }
+    if result.cost is not None:
+        found["cost"] = result.cost
+    return found

@@ -27,6 +27,7 @@ import typer
 
 from sessionflow import cli_answers, locate
 from sessionflow.errors import SessionflowError
+from sessionflow.models.spend import Spend
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -490,6 +491,10 @@ def _status_json(state: Any) -> dict[str, Any]:
     value |= {"pending_inputs": state.pending_inputs}
     value |= {"drain": state.drain.model_dump(mode="json") if state.drain else None}
     value |= {"waiting_for_worker": state.waiting_for_worker}
+    value |= {"spend": state.spend.model_dump(mode="json")}
+    value |= {"budget": state.budget.model_dump(mode="json") if state.budget else None}
+    reached = state.budget_reached
+    value |= {"budget_reached": reached.model_dump(mode="json") if reached else None}
     return value | {"subagents": [_status_json(child) for child in state.subagents]}
 
 
@@ -501,6 +506,10 @@ def _status_text(state: Any, indent: str = "") -> str:
     text = f"{indent}{'busy' if state.busy else 'idle'} · {phase} · {state.pending_inputs} pending"
     text += f" · running {tools}" if tools else ""
     text += f" · {state.waiting_for_worker}" if state.waiting_for_worker else ""
+    text += f" · {state.spend.describe()}"
+    if state.budget is not None:
+        reached = state.budget_reached
+        text += f" · {reached.describe()}" if reached else f" · budget {state.budget.describe()}"
     for host in drain.waiting_hosts if drain else ():
         text += f" · waiting for host {host}"
     for request in drain.waiting if drain else ():
@@ -511,6 +520,12 @@ def _status_text(state: Any, indent: str = "") -> str:
     for child in state.subagents:
         text += f"\n{indent}  subagent {child.session_id}:\n" + _status_text(child, indent + "  ")
     return text
+
+
+def spend_line(spend: Spend) -> str:
+    """``in 120 · out 40 · cache read 0 · $0.0012`` (or the cost's unknown part)."""
+    t = spend.tokens
+    return f"in {t.input} · out {t.output} · cache read {t.cache.read} · {spend.describe()}"
 
 
 @app.command()
@@ -552,20 +567,13 @@ def usage(session: str = typer.Argument(..., help="Session id"), as_json: bool =
         return
 
     def lines(node: Any, indent: str) -> list[str]:
-        t = node.own_tokens
-        line = f"{indent}{node.session_id}  @{node.agent or 'default'}  in {t.input} · out "
-        line += f"{t.output} · cache read {t.cache.read} · ${node.own_cost:.4f}"
+        line = f"{indent}{node.session_id}  @{node.agent or 'default'}  {spend_line(node.own)}"
         return [line, *(x for child in node.children for x in lines(child, indent + "  "))]
 
     out = console()
     for line in lines(spent, ""):
         out.print(line, highlight=False)
-    total = spent.total_tokens
-    out.print(
-        f"total  in {total.input} · out {total.output} · cache read {total.cache.read} · "
-        f"${spent.total_cost:.4f}",
-        highlight=False,
-    )
+    out.print(f"total  {spend_line(spent.total)}", highlight=False)
 
 
 @app.command()
@@ -718,17 +726,23 @@ def show(
     """The session's transcript: prompts, answers, tool calls and their results."""
     from sessionflow.show import Transcript
 
-    async def work() -> list[Any]:
+    async def work() -> tuple[Any, list[Any]]:
         async with session_client() as client:
-            return await client.messages(session)
+            return await client.session(session), await client.messages(session)
 
-    messages = run(work)
+    info, messages = run(work)
     if as_json:
         print(json.dumps([m.model_dump(mode="json") for m in messages], ensure_ascii=False))
         return
-    transcript = Transcript(console(), full=full)
+    out = console()
+    transcript = Transcript(out, full=full)
     for message in messages:
         transcript.show(message)
+    line = f"spent  {spend_line(info.spend)}"
+    if info.budget is not None:
+        reached = info.budget.reached(info.spend)
+        line += f" · {reached.describe()}" if reached else f" · budget {info.budget.describe()}"
+    out.print(f"[dim]{line}[/]", highlight=False)
 
 
 @app.command()

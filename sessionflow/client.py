@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -50,12 +50,10 @@ from sessionflow.errors import (
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import (
-    CacheTokens,
     CompactionSettings,
     Delivery,
     ModelRef,
     Prompt,
-    Tokens,
 )
 from sessionflow.models.drain import (
     LOCAL_HOST,
@@ -79,6 +77,7 @@ from sessionflow.models.permissions import (
     RespondResult,
     Rule,
 )
+from sessionflow.models.spend import Budget, BudgetReached, Spend
 from sessionflow.placement import place
 from sessionflow.settings import Settings
 from store import Store, open_store
@@ -162,6 +161,11 @@ class SessionStatus:
     waiting_for_worker: str | None = None
     # The child sessions its ``task`` calls wait on, as they are now (theirs inside).
     subagents: tuple[SessionStatus, ...] = ()
+    # The session's own spend (``usage`` adds its subagents').
+    spend: Spend = field(default_factory=Spend)
+    budget: Budget | None = None
+    # The limit its spend has reached: no model request starts until the budget is raised.
+    budget_reached: BudgetReached | None = None
 
     def asks(self) -> list[tuple[str, PermissionRequest]]:
         """Every call of the tree below and including this session that waits for a person:
@@ -186,21 +190,9 @@ class Usage:
 
     session_id: str
     agent: str | None
-    own_tokens: Tokens
-    own_cost: float
-    total_tokens: Tokens
-    total_cost: float
+    own: Spend
+    total: Spend
     children: tuple[Usage, ...] = ()
-
-
-def _add(a: Tokens, b: Tokens) -> Tokens:
-    cache = CacheTokens(read=a.cache.read + b.cache.read, write=a.cache.write + b.cache.write)
-    return Tokens(
-        input=a.input + b.input,
-        output=a.output + b.output,
-        reasoning=a.reasoning + b.reasoning,
-        cache=cache,
-    )
 
 
 @dataclass(frozen=True)
@@ -404,11 +396,11 @@ class SessionClient:
         """The session's tokens and cost, each child's (theirs inside), and the tree's total."""
         info = await self.store.sessions.get(session_id)
         below = tuple([await self.usage(child.id) for child in await self.children(info.id)])
-        tokens, cost = info.tokens, info.cost
+        total = info.spend
         for child in below:
-            tokens, cost = _add(tokens, child.total_tokens), cost + child.total_cost
+            total += child.total
         agent = info.agent or self.agents.default
-        return Usage(info.id, agent, info.tokens, info.cost, tokens, cost, below)
+        return Usage(info.id, agent, info.spend, total, below)
 
     async def _last_terminal(self, session_id: str) -> str | None:
         ended = [
@@ -696,9 +688,14 @@ class SessionClient:
         await self.store.events.publish(AgentSelected(session_id=session_id, agent=agent))
 
     async def status(self, session_id: str) -> SessionStatus:
-        """What the session does now. Answers within a few seconds even when no worker runs:
-        then ``waiting_for_worker`` says which task queue needs one."""
-        await self.store.sessions.get(session_id)
+        """What the session does now, and what it spent. Answers within a few seconds even
+        when no worker runs: then ``waiting_for_worker`` says which task queue needs one."""
+        info = await self.store.sessions.get(session_id)
+        state = await self._activity(session_id)
+        reached = info.budget.reached(info.spend) if info.budget is not None else None
+        return replace(state, spend=info.spend, budget=info.budget, budget_reached=reached)
+
+    async def _activity(self, session_id: str) -> SessionStatus:
         pending = len(await self.store.inputs.pending(session_id))
         queue = await self._queue(session_id, running_only=True)
         if queue is None:

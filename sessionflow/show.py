@@ -81,4 +81,6 @@ def session_json(info: Any) -> dict[str, Any]:
     value = asdict(info)
     value["model"] = str(info.model) if info.model else None
     value["tokens"] = info.tokens.model_dump()
+    value["spend"] = info.spend.model_dump(mode="json")
+    value["budget"] = info.budget.model_dump(mode="json") if info.budget else None
     return value

@@ -210,9 +210,11 @@ class Renderer:
 
     def _step_ended(self, data: dict[str, Any]) -> None:
         tokens = data.get("tokens") or {}
+        cost = data.get("cost")
+        price = "cost unknown" if cost is None else f"${cost:.4f}"
         self._line(
             f"[dim]· {data['finish']} · {tokens.get('input', 0)} in / {tokens.get('output', 0)} "
-            f"out · ${data.get('cost', 0):.4f}[/]"
+            f"out · {price}[/]"
         )
 
     def _step_failed(self, data: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from sessionflow.models.messages import (
     ToolTimes,
     UserMessage,
 )
+from sessionflow.models.spend import token_total
 from store import codec
 from store.db import Connection, Tx
 from store.dialect import DialectName, insert
@@ -699,15 +700,22 @@ async def _step_failed(tx: Tx, stored: StoredEvent, event: ev.StepFailed) -> Non
     if event.cost is not None:
         message.cost = event.cost
     await _save_message(tx, stored, message)
-    await _add_usage(tx, stored, event.cost or 0.0, event.tokens)
+    await _add_usage(tx, stored, event.cost, event.tokens)
 
 
-async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | None) -> None:
+async def _add_usage(
+    tx: Tx, stored: StoredEvent, cost: float | None, tokens: Tokens | None
+) -> None:
+    """A step's usage into the session's totals. A step that reported tokens counts as priced
+    or unpriced (its cost unknown); one that reported none counts as neither."""
     tokens = tokens or Tokens()
+    used = token_total(tokens) > 0
     params = {
         "sid": stored.aggregate_id,
         "at": stored.created,
-        "cost": cost,
+        "cost": cost or 0.0,
+        "priced": int(used and cost is not None),
+        "unpriced": int(used and cost is None),
         "input": tokens.input,
         "output": tokens.output,
         "reasoning": tokens.reasoning,
@@ -721,14 +729,16 @@ async def _add_usage(tx: Tx, stored: StoredEvent, cost: float, tokens: Tokens | 
 
 
 _USAGE = "projector.usage"
-_USAGE_SUMS = ("cost", "input", "output", "reasoning", "cache_read", "cache_write")
+# What a step adds to the session's usage (``_add_usage``'s parameters but the session and date).
+USAGE_SUMS: tuple[str, ...] = ("cost", "priced", "unpriced", "input", "output", "reasoning")
+USAGE_SUMS += ("cache_read", "cache_write")
 
 
 def _summed(usage: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
     """Two usage additions as one, dated by the later (as two updates leave the row)."""
     if usage is None:
         return more
-    return {**more, **{key: usage[key] + more[key] for key in _USAGE_SUMS}}
+    return {**more, **{key: usage[key] + more[key] for key in USAGE_SUMS}}
 
 
 def _add_usage_statement(_dialect: DialectName) -> Any:
@@ -738,6 +748,8 @@ def _add_usage_statement(_dialect: DialectName) -> Any:
         .where(c.id == sa.bindparam("sid"))
         .values(
             cost=c.cost + sa.bindparam("cost", type_=sa.Float),
+            steps_priced=c.steps_priced + sa.bindparam("priced", type_=sa.Integer),
+            steps_unpriced=c.steps_unpriced + sa.bindparam("unpriced", type_=sa.Integer),
             time_updated=sa.bindparam("at"),
             tokens_input=c.tokens_input + sa.bindparam("input", type_=sa.BigInteger),
             tokens_output=c.tokens_output + sa.bindparam("output", type_=sa.BigInteger),

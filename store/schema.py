@@ -43,7 +43,10 @@ class SessionRow(Base):
     model: Mapped[str | None] = mapped_column(sa.Text)
     agent: Mapped[str | None] = mapped_column(sa.String(128))
     settings: Mapped[str | None] = mapped_column(sa.Text)
-    cost: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    cost: Mapped[float] = mapped_column(sa.Float, default=0.0)  # USD of the priced steps
+    # Steps that reported usage, priced and not (a model without a price): ``Spend.cost``.
+    steps_priced: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    steps_unpriced: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     tokens_input: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     tokens_output: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     tokens_reasoning: Mapped[int] = mapped_column(sa.BigInteger, default=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +17,7 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import CacheTokens, ModelRef, Tokens
 from sessionflow.models.drain import LOCAL_HOST
 from sessionflow.models.messages import MESSAGE_ADAPTER, AssistantMessage, Message, ToolPart
+from sessionflow.models.spend import Budget, Spend
 from store import codec
 from store.db import Database, Tx
 from store.dialect import for_update, now_ms
@@ -52,6 +53,10 @@ class SessionInfo:
     time_updated: int
     requests: int = 0  # provider requests made so far (retries and summaries count)
     host: str = LOCAL_HOST  # whose workers run its tools (``store/hosts.py``)
+    # What the session itself spent (``cost`` and ``tokens`` with how many steps were priced;
+    # its subagents' spend is theirs) and may spend (``settings["budget"]``).
+    spend: Spend = field(default_factory=Spend)
+    budget: Budget | None = None
 
 
 @dataclass(frozen=True)
@@ -440,6 +445,13 @@ def _tool_part(encoded: str | None) -> ToolPart | None:
 
 
 def _info(row: Any) -> SessionInfo:
+    settings = codec.loads(row.settings) if row.settings else {}
+    tokens = Tokens(
+        input=row.tokens_input,
+        output=row.tokens_output,
+        reasoning=row.tokens_reasoning,
+        cache=CacheTokens(read=row.tokens_cache_read, write=row.tokens_cache_write),
+    )
     return SessionInfo(
         id=row.id,
         directory=row.directory,
@@ -448,16 +460,18 @@ def _info(row: Any) -> SessionInfo:
         agent=row.agent,
         workspace_id=row.workspace_id,
         parent_id=row.parent_id,
-        settings=codec.loads(row.settings) if row.settings else {},
+        settings=settings,
         requests=int(row.request_count or 0),
         host=row.host or LOCAL_HOST,
         cost=float(row.cost),
-        tokens=Tokens(
-            input=row.tokens_input,
-            output=row.tokens_output,
-            reasoning=row.tokens_reasoning,
-            cache=CacheTokens(read=row.tokens_cache_read, write=row.tokens_cache_write),
+        tokens=tokens,
+        spend=Spend(
+            tokens=tokens,
+            usd=float(row.cost),
+            priced_steps=int(row.steps_priced or 0),
+            unpriced_steps=int(row.steps_unpriced or 0),
         ),
+        budget=Budget.model_validate(settings["budget"]) if settings.get("budget") else None,
         time_created=int(row.time_created),
         time_updated=int(row.time_updated),
     )

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_
 
 from activities.providers import base as p
 from sessionflow.models.common import Limits
+from sessionflow.models.spend import Price
 
 
 class _Strict(BaseModel):
@@ -102,6 +103,8 @@ class ScriptedTurn(_Strict):
 class Script(_Strict):
     # Without limits the model has no known window: nothing compacts automatically.
     limits: Limits | None = None
+    # Without a price the model's cost is unknown (``None``), never 0.
+    price: Price | None = None
     turns: list[ScriptedTurn]
 
 

@@ -261,7 +261,7 @@ class TurnResult(Model):
     started: bool = False
     finish: str | None = None
     tokens: Tokens | None = None
-    cost: float = 0.0
+    cost: float | None = None  # USD; None when unpriced
     calls: tuple[CallRef, ...] = ()
     step_failure: SessionError | None = None
     provider_failed: bool = False

@@ -259,7 +259,7 @@ class StepEnded(SessionEventBase):
     type: Literal["session.step.ended"] = "session.step.ended"
     assistant_message_id: str
     finish: str
-    cost: float = 0.0
+    cost: float | None = Field(None, description="USD; null when the model has no price")
     tokens: Tokens = Tokens()
     files: tuple[str, ...] = ()
 

@@ -146,7 +146,7 @@ class AssistantMessage(MessageBase):
     content: list[AssistantPart] = Field(default_factory=list)
     finish: str | None = None
     error: SessionError | None = None
-    cost: float = 0.0
+    cost: float | None = None  # USD; None when unpriced (or not ended)
     tokens: Tokens | None = None
     retry: RetryInfo | None = None
     files: list[str] = Field(default_factory=list)

@@ -192,6 +192,8 @@ WITH {_PG_RENEWED_AS_READ}, {_PG_EVENTS}, {_pg_part_rows("renewed")}, message AS
 ), usage AS (
   UPDATE session
   SET cost = cost + %(cost)s::float8,
+    steps_priced = steps_priced + %(priced)s::int,
+    steps_unpriced = steps_unpriced + %(unpriced)s::int,
     tokens_input = tokens_input + %(input)s::bigint,
     tokens_output = tokens_output + %(output)s::bigint,
     tokens_reasoning = tokens_reasoning + %(reasoning)s::bigint,

@@ -452,9 +452,7 @@ def end_step_params(
     step_attempt: int,
     phase: Phase,
 ) -> dict[str, Any]:
-    usage = projected.usage or dict.fromkeys(
-        ("at", "cost", "input", "output", "reasoning", "cache_read", "cache_write")
-    )
+    usage = projected.usage or dict.fromkeys(("at", *projector.USAGE_SUMS))
     return {
         **batch_params(claim, rows, projected.parts, step_attempt),
         **usage,

@@ -35,7 +35,9 @@ async def test_a_prompt_and_its_drain_form_one_trace(
     spans.clear()
     async with harness(client, store, tmp_path) as h:
         tool = {"tool_call": {"id": "call_1", "name": "echo", "input": {"text": "hi"}}}
-        sid = await h.session([tool], [{"text": "done"}])
+        usage = {"input": 120, "output": 30, "reasoning": 10, "cache_read": 100}
+        finish = {"finish": {"reason": "stop", "usage": usage}}
+        sid = await h.session([tool], [{"text": "done"}, finish], price={"input": 2, "output": 8})
         with telemetry.tracer().start_as_current_span("user.prompt"):
             await h.client.prompt(sid, "Go")
         await h.client.wait_idle(sid)
@@ -52,3 +54,12 @@ async def test_a_prompt_and_its_drain_form_one_trace(
     assert any(s.name == "RunActivity:stream_turn" for s in finished)
     assert tools[0].attributes["tool"] == "echo" and tools[0].attributes["outcome"] == "completed"
     assert turns[0].attributes["tool_calls"] == 1 and turns[1].attributes["finish"] == "stop"
+    # The GenAI semantic conventions: input counts its cache reads, output its reasoning.
+    last = turns[1].attributes
+    assert last["gen_ai.conversation.id"] == sid and last["gen_ai.operation.name"] == "chat"
+    assert last["gen_ai.provider.name"] == "scripted"
+    assert (last["gen_ai.usage.input_tokens"], last["gen_ai.usage.output_tokens"]) == (120, 30)
+    assert last["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert last["gen_ai.usage.reasoning.output_tokens"] == 10
+    assert last["gen_ai.response.finish_reasons"] == ("stop",)
+    assert last["cost"] == pytest.approx((20 * 2 + 30 * 8) / 1e6)  # cache reads unpriced

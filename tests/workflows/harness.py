@@ -66,9 +66,17 @@ class Harness:
     async def messages(self, session_id: str) -> list[Any]:
         return await self.client.messages(session_id)
 
-    def script(self, *turns: list[dict[str, Any]], name: str = "model.json") -> str:
+    def script(
+        self,
+        *turns: list[dict[str, Any]],
+        name: str = "model.json",
+        price: dict[str, float] | None = None,
+    ) -> str:
         path = self.root / name
-        path.write_text(json.dumps({"turns": [{"events": events} for events in turns]}))
+        script: dict[str, Any] = {"turns": [{"events": events} for events in turns]}
+        if price is not None:
+            script["price"] = price
+        path.write_text(json.dumps(script))
         return f"scripted/{path}"
 
     def requests(self, name: str = "model.json") -> list[dict[str, Any]]:
@@ -82,8 +90,10 @@ class Harness:
     def roles(self, request: dict[str, Any]) -> list[str]:
         return [message["role"] for message in request["messages"]]
 
-    async def session(self, *turns: list[dict[str, Any]], **options: Any) -> str:
-        model = self.script(*turns)
+    async def session(
+        self, *turns: list[dict[str, Any]], price: dict[str, float] | None = None, **options: Any
+    ) -> str:
+        model = self.script(*turns, price=price)
         return await self.client.create_session(
             workspace=str(self.workspace), model=model, **options
         )

@@ -36,8 +36,14 @@ class Tree:
         self.h = h
         self.custom: dict[str, Agent] = {}
 
-    def subagent(self, name: str, *turns: list[dict[str, Any]], mode: str = "subagent") -> None:
-        model = self.h.script(*turns, name=f"{name}.json")
+    def subagent(
+        self,
+        name: str,
+        *turns: list[dict[str, Any]],
+        mode: str = "subagent",
+        price: dict[str, float] | None = None,
+    ) -> None:
+        model = self.h.script(*turns, name=f"{name}.json", price=price)
         self.custom[name] = Agent(name=name, mode=mode, model=model)  # type: ignore[arg-type]
 
     def worker(self) -> Any:
@@ -299,9 +305,10 @@ def spent(text: str, tokens_in: int, tokens_out: int) -> list[dict[str, Any]]:
     return [{"text": text}, {"finish": {"reason": "stop", "usage": usage}}]
 
 
-async def test_usage_rolls_up_the_tree(tree: Tree) -> None:
+async def test_usage_and_cost_roll_up_the_tree(tree: Tree) -> None:
     h = tree.h
-    tree.subagent("leaf", spent("leaf answer", 100, 10))
+    # USD per million tokens; ``mid`` declares no price: its steps' cost is unknown.
+    tree.subagent("leaf", spent("leaf answer", 100, 10), price={"input": 10.0, "output": 100.0})
     tree.subagent(
         "mid",
         [task("m1", "leaf"), {"finish": {"reason": "tool-calls", "usage": {"input": 20}}}],
@@ -310,26 +317,48 @@ async def test_usage_rolls_up_the_tree(tree: Tree) -> None:
     sid = await h.session(
         [task("t1", "mid"), {"finish": {"reason": "tool-calls", "usage": {"input": 5}}}],
         spent("done", 7, 1),
+        price={"input": 1.0, "output": 2.0, "cache_read": 0.5},
     )
     async with tree.worker():
         await h.client.prompt(sid, "Delegate")
         await h.client.wait_idle(sid, timeout=60)
         usage = await h.client.usage(sid)
         # A step's input counts without its cached tokens (one read each final step).
-        assert (usage.own_tokens.input, usage.own_tokens.output) == (5 + 6, 1)
+        own = usage.own
+        assert (own.tokens.input, own.tokens.output) == (5 + 6, 1)
+        # Root: 5 input, then 6 input + 1 output + 1 cache read.
+        assert own.cost == pytest.approx((5 * 1.0 + 6 * 1.0 + 1 * 2.0 + 1 * 0.5) / 1e6)
         (mid,) = usage.children
-        assert (mid.agent, mid.own_tokens.input, mid.total_tokens.input) == ("mid", 49, 148)
+        assert (mid.agent, mid.own.tokens.input, mid.total.tokens.input) == ("mid", 49, 148)
+        assert mid.own.cost is None and mid.own.unpriced_steps == 2
         (leaf,) = mid.children
-        assert (leaf.own_tokens.input, leaf.own_tokens.output, leaf.children) == (99, 10, ())
-        total = usage.total_tokens
-        assert (total.input, total.output, total.cache.read) == (159, 14, 3)
+        assert (leaf.own.tokens.input, leaf.own.tokens.output, leaf.children) == (99, 10, ())
+        leaf_usd = (99 * 10.0 + 10 * 100.0) / 1e6  # its cache read has no price: free
+        assert leaf.own.cost == pytest.approx(leaf_usd)
+        assert mid.total.cost == pytest.approx(leaf_usd)
+        total = usage.total
+        assert (total.tokens.input, total.tokens.output, total.tokens.cache.read) == (159, 14, 3)
+        assert total.cost == pytest.approx(own.usd + leaf_usd)
+        assert (total.priced_steps, total.unpriced_steps) == (3, 2)
+        # Each step's own cost is in its ``step.ended``: null for the unpriced one.
+        assert await step_costs(h, leaf.session_id) == [pytest.approx(leaf_usd)]
+        assert await step_costs(h, mid.session_id) == [None, None]
         async with (
             running_api(h.client, ApiSettings(port=0)) as url,
             httpx.AsyncClient(base_url=url, timeout=30) as http,
         ):
             served = (await http.get(f"/sessions/{sid}/usage")).json()
-        assert served["total_tokens"]["input"] == 159
-        assert served["children"][0]["children"][0]["own_tokens"]["output"] == 10
+            status = (await http.get(f"/sessions/{mid.session_id}/status")).json()
+        assert served["total"]["tokens"]["input"] == 159
+        assert served["total"]["cost"] == pytest.approx(own.usd + leaf_usd)
+        assert served["children"][0]["own"]["cost"] is None
+        assert served["children"][0]["children"][0]["own"]["tokens"]["output"] == 10
+        assert status["spend"]["cost"] is None and status["spend"]["unpriced_steps"] == 2
+
+
+async def step_costs(h: Harness, session_id: str) -> list[float | None]:
+    events = await h.events(session_id)
+    return [e.data["cost"] for e in events if e.type == "session.step.ended"]
 
 
 def rewrite(h: Harness, *turns: list[dict[str, Any]]) -> None:

@@ -60,6 +60,7 @@ async def view(request: Request, session_id: SessionId, client: Client, settings
 <header class="meta"><h1>{escape(info.title or info.id)}</h1>
 <p><code>{escape(info.id)}</code> · {model} · <code>{escape(info.directory)}</code></p>
 <p><span id="state" data-state="connecting">connecting</span> ·
+<span id="spend">{escape(info.spend.describe())}</span> ·
 <a id="temporal" href="{escape(link)}" target="_blank" rel="noopener">workflow in the Temporal
 UI</a></p></header>
 <div id="transcript" aria-live="polite"></div>

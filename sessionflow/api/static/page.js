@@ -8,6 +8,7 @@ const sid = root.dataset.session;
 const transcript = document.querySelector("#transcript");
 const stateLine = document.querySelector("#state");
 const notice = document.querySelector("#notice");
+const spendLine = document.querySelector("#spend");
 const saved = `sessionflow:${sid}`;
 let lastSeq = -1;
 
@@ -276,6 +277,11 @@ const handlers = {
 function render(event) {
   const handler = handlers[event.type];
   if (handler) handler(event.data, event);
+  // What the session spent changes with each step; a busy period's end may be its budget.
+  if (root.dataset.synced && (event.type === "session.step.ended"
+      || event.type.startsWith("session.execution.") || event.type === "session.budget.set")) {
+    setTimeout(refreshState, 0);
+  }
 }
 
 function restore() {
@@ -324,6 +330,34 @@ async function refreshState() {
   const hosts = (status.drain && status.drain.waiting_hosts) || [];
   waitingFor = hosts.map((host) => `waiting for host ${host}`).join(" · ");
   setState(status.busy ? "busy" : "idle");
+  showSpend(status);
+}
+
+function steps(n) {
+  return n === 1 ? "1 step" : `${n} steps`;
+}
+
+// What the session spent and whether its budget stops it, as the status says.
+function showSpend(status) {
+  const spend = status.spend;
+  if (!spend) return;
+  let text = spend.cost === null
+    ? `cost unknown (${steps(spend.unpriced_steps)} unpriced)`
+    : `$${spend.usd.toFixed(4)}`;
+  if (spend.cost !== null && spend.unpriced_steps) text += ` (${steps(spend.unpriced_steps)} unpriced)`;
+  const reached = status.budget_reached;
+  if (reached && reached.limit === "usd") {
+    text += ` · budget reached: $${reached.spent.toFixed(4)} of $${reached.allowed}`;
+  } else if (reached) {
+    text += ` · budget reached: ${reached.spent} tokens of ${reached.allowed}`;
+  } else if (status.budget) {
+    const limits = [];
+    if (status.budget.usd !== null) limits.push(`$${status.budget.usd}`);
+    if (status.budget.tokens !== null) limits.push(`${status.budget.tokens} tokens`);
+    text += ` · budget ${limits.join(" and ")}`;
+  }
+  spendLine.dataset.reached = reached ? reached.limit : "";
+  spendLine.textContent = text;
 }
 
 // A running call sends no events while it waits for its host: ask the status now and then.

@@ -18,7 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.history import DEFAULT_SYSTEM
 from activities.providers.base import Provider
-from activities.providers.models import cost
+from activities.providers.prices import step_cost
 from activities.providers.registry import make_provider
 from activities.tools.base import ToolRegistry
 from activities.tools.testing import Echo
@@ -112,11 +112,16 @@ async def test_chat_completions_drain_runs_tools_and_replays_them(drain: Drain) 
     last = (await assistants(drain, session))[-1]
     assert last.finish == "stop" and last.tokens is not None
     assert (last.tokens.input, last.tokens.cache.read) == (9, 16)
-    # The step's cost comes from the model table and reaches the session's totals.
-    assert last.cost == pytest.approx(cost(ModelRef.parse("openai-chat/gpt-4o-mini"), last.tokens))
-    assert last.cost > 0
+    # The step's cost comes from genai-prices and reaches the session's totals. gpt-4o-mini:
+    # 0.15 input, 0.075 cached input, 0.6 output per million (2 output tokens here).
+    model = ModelRef.parse("openai-chat/gpt-4o-mini")
+    assert last.cost == pytest.approx(step_cost(model, last.tokens))
+    assert last.cost == pytest.approx((9 * 0.15 + 16 * 0.075 + last.tokens.output * 0.6) / 1e6)
     info = await drain.client.session(session)
-    assert info.cost == pytest.approx(sum(a.cost for a in await assistants(drain, session)))
+    costs = [a.cost for a in await assistants(drain, session)]
+    assert None not in costs
+    assert info.spend.cost == pytest.approx(sum(c for c in costs if c is not None))
+    assert info.spend.priced_steps == 2 and info.spend.unpriced_steps == 0
 
 
 async def test_responses_drain_replays_encrypted_reasoning_and_hosted_search(drain: Drain) -> None:
