@@ -203,12 +203,15 @@ class SessionActivities:
                 if not await self.store.claims.run_fenced(claim, self._recoverer(recovery)):
                     return PrepareResult(run=False, failure=BUDGET_ERROR, **limits)
             messages = await self.store.sessions.messages(sid)  # read once for both checks
-            force = force or _restart_unanswered(messages)
+            owed = await self._budget_stopped_midway(sid, messages)
+            force = force or owed or _restart_unanswered(messages)
             steer, queue, compaction = await self.store.inputs.waiting(sid)
             if not (force or steer or queue or compaction):
                 return PrepareResult(run=False, **limits)
             stale = await self._fail_stale_tools(claim, messages)
             promotion: Promotion = "steer" if steer else "queue" if queue else None
+            if owed and promotion == "queue":
+                promotion = None  # the stopped step's continuation first, then the queue
             live = True  # the local host's tools run on the shared queue, whose worker this is
             if session.host != LOCAL_HOST:
                 live = (await self.store.hosts.state(session.host)).live
@@ -221,6 +224,24 @@ class SessionActivities:
                 host_live=live,
                 **limits,
             )
+
+    async def _budget_stopped_midway(self, sid: str, messages: list[Message]) -> bool:
+        """Did the last busy period end at its budget with a step that owes the model its
+        tools' results? Then the next one continues that step before anything queued (the
+        terminals are read only when the history ends with such a step)."""
+        last = messages[-1] if messages else None
+        if not isinstance(last, AssistantMessage) or last.finish != "tool-calls":
+            return False
+        if not all(p.settled for p in last.content if isinstance(p, ToolPart)):
+            return False
+        stopped = await self.store.events.latest_of(sid, ev.ExecutionInterrupted)
+        if stopped is None or getattr(stopped.data, "reason", None) != "budget":
+            return False
+        for kind in (ev.ExecutionSucceeded, ev.ExecutionFailed):
+            ended = await self.store.events.latest_of(sid, kind)
+            if ended is not None and ended.seq > stopped.seq:
+                return False
+        return True
 
     def _worker_limits(self) -> WorkerLimits:
         """The worker's settings the workflow applies (it holds no settings of its own)."""

@@ -55,6 +55,7 @@ from sessionflow.models.drain import (
     TurnResult,
     workflow_id,
 )
+from sessionflow.models.spend import BudgetReached
 from store.claims import Claim
 from store.db import Tx
 from store.facade import TurnView
@@ -67,6 +68,14 @@ SHUT_DOWN = SessionError(type="aborted", message="Step interrupted: its worker s
 
 class _CompactFirst(Exception):
     """The request would not fit: roll the turn's opening back and compact first."""
+
+
+class _OverBudget(Exception):
+    """The session's spend reached its budget: roll the opening back, ask nothing."""
+
+    def __init__(self, reached: BudgetReached) -> None:
+        super().__init__(reached.describe())
+        self.reached = reached
 
 
 def _settles_itself(result: TurnResult) -> bool:
@@ -108,6 +117,13 @@ class TurnActivities:
                     assistant_message_id=request.assistant_message_id,
                     step=request.step,
                     compact=True,
+                )
+            except _OverBudget as stop:
+                # Rolled back as well: what waits stays pending for when the budget is raised.
+                return TurnResult(
+                    assistant_message_id=request.assistant_message_id,
+                    step=request.step,
+                    budget=stop.reached,
                 )
             session, step, index, baseline = begun.session, begun.step, begun.index, begun.baseline
             agent, model = begun.agent, begun.model
@@ -253,6 +269,11 @@ class TurnActivities:
         What it reads, it reads in ``tx`` when the opening holds one."""
         if session.model is None:
             raise ValueError(f"Session {session.id} has no model; select one first")
+        # At a step boundary only: a retry of a step continues the turn already in flight.
+        if request.retry == 0 and session.budget is not None:
+            reached = session.budget.reached(session.spend)
+            if reached is not None:
+                raise _OverBudget(reached)
         # Sampled once per attempt: a selection changing meanwhile applies to the next.
         agent = self.rt.agents.get(session.agent)
         model = ModelRef.parse(agent.model) if agent.model else session.model

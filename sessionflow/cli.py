@@ -290,6 +290,12 @@ def new(
         help="The host whose workers run its tools, where the workspace is "
         "(default: SESSIONFLOW_HOST, else local)",
     ),
+    budget_usd: float = typer.Option(
+        None, "--budget-usd", help="Pause at the first step once it spent this many USD"
+    ),
+    budget_tokens: int = typer.Option(
+        None, "--budget-tokens", help="Pause at the first step once it used this many tokens"
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Create a session and print its id (the workspace, the model and its API key are checked
@@ -319,6 +325,7 @@ def new(
                 network=network,
                 approval_timeout=approval_timeout,
                 host=host,
+                budget=_limits(budget_usd, budget_tokens),
             )
 
     session_id = run(work)
@@ -600,6 +607,47 @@ def jobs(session: str = typer.Argument(..., help="Session id"), as_json: bool = 
     for job in found:
         state = "running" if job.running else (job.outcome or "not started")
         out.print(f"{job.session.id}  @{job.session.agent}  {state}  {job.session.title or ''}")
+
+
+def _limits(usd: float | None, tokens: int | None) -> dict[str, float]:
+    return {k: v for k, v in (("usd", usd), ("tokens", tokens)) if v is not None}
+
+
+@app.command()
+def budget(
+    session: str = typer.Argument(..., help="Session id"),
+    usd: float = typer.Option(None, "--usd", help="Its USD limit from now (priced steps)"),
+    tokens: int = typer.Option(None, "--tokens", help="Its token limit from now"),
+    clear: bool = typer.Option(False, "--clear", help="Remove every limit"),
+    as_json: bool = JSON,
+) -> None:
+    """Show or change a session's budget. A session its budget stopped continues with
+    `sessionflow resume` once the new limits are above what it spent."""
+    changes = _limits(usd, tokens)
+    if clear and changes:
+        raise typer.BadParameter("give --clear alone, or the limits to set")
+
+    async def work() -> Any:
+        async with session_client() as client:
+            info = await client.session(session)
+            if not (clear or changes):
+                return info
+            kept = info.budget.model_dump(exclude_none=True) if info.budget else {}
+            return await client.set_budget(session, None if clear else {**kept, **changes})
+
+    info = run(work)
+    reached = info.budget.reached(info.spend) if info.budget is not None else None
+    value = {
+        "session_id": info.id,
+        "budget": info.budget.model_dump(mode="json") if info.budget else None,
+        "spend": info.spend.model_dump(mode="json"),
+        "budget_reached": reached.model_dump(mode="json") if reached else None,
+    }
+    text = f"{info.id}: budget {info.budget.describe() if info.budget else 'none'}"
+    text += f" · spent {spend_line(info.spend)}"
+    if reached is not None:
+        text += f"\n{reached.describe()}: raise it to continue (`sessionflow resume {info.id}`)"
+    emit(value, as_json, text)
 
 
 @app.command()

@@ -17,6 +17,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from pydantic import ValidationError
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -42,6 +43,7 @@ from sessionflow import locate, telemetry, validate
 from sessionflow.agents import Agents, load_agents
 from sessionflow.catalogue import ToolInfo
 from sessionflow.errors import (
+    InvalidInputError,
     NoWorkerError,
     RequestNotWaitingError,
     StoreMismatchError,
@@ -281,6 +283,7 @@ class SessionClient:
         approval_timeout: float | None = None,
         mcp: Mapping[str, bool] | None = None,
         host: str | None = None,
+        budget: Budget | Mapping[str, float] | None = None,
     ) -> str:
         """Create a session; its workspace and model are checked and made absolute first (a
         relative path is the caller's, not the worker's): a missing or non-directory workspace,
@@ -290,7 +293,10 @@ class SessionClient:
         host's workers, which check the workspace where it lives (``sessionflow/placement``).
 
         ``mcp`` turns the workers' configured MCP servers (``SESSIONFLOW_MCP``) on or off for
-        this session by name; a server it does not name keeps its configured ``enabled``."""
+        this session by name; a server it does not name keeps its configured ``enabled``.
+
+        ``budget`` (``{"usd": 2.0, "tokens": 500000}``, either or both) pauses the session at
+        the first step boundary where its spend reaches a limit (``set_budget``)."""
         if session_id is not None:
             validate_id(session_id)  # the cheapest check first: before any file is read
         if not 1 <= max_active_tools <= MAX_ACTIVE_TOOLS:
@@ -319,6 +325,9 @@ class SessionClient:
             "mcp": _mcp_choices(mcp),
         }
         settings.update({key: value for key, value in optional.items() if value})
+        limits = _budget(budget)
+        if limits is not None:
+            settings["budget"] = limits.model_dump(mode="json", exclude_none=True)
         ref = validate.model(model)
         await self._require_same_store()
         where = await place(
@@ -335,6 +344,17 @@ class SessionClient:
             observed=where.observed,
         )
         return info.id
+
+    async def set_budget(
+        self, session_id: str, budget: Budget | Mapping[str, float] | None
+    ) -> SessionInfo:
+        """Replace the session's spending limits (``None`` or ``{}``: none). It applies at the
+        next step boundary; a session a budget stopped continues with ``resume`` once its
+        spend is below the new limits (``status`` says which limit stopped it)."""
+        limits = _budget(budget)
+        await self.store.sessions.get(session_id)
+        await self.store.events.publish(ev.BudgetSet(session_id=session_id, budget=limits))
+        return await self.store.sessions.get(session_id)
 
     async def move(
         self, session_id: str, host: str, *, workspace: str | None = None
@@ -877,6 +897,22 @@ def _summary(info: SessionInfo) -> str:
 
 def _attributes(session_id: str) -> TypedSearchAttributes:
     return TypedSearchAttributes([SearchAttributePair(SESSION_ID_ATTRIBUTE, session_id)])
+
+
+def _budget(budget: Budget | Mapping[str, float] | None) -> Budget | None:
+    """A budget as given, checked at the edge; an empty one is none."""
+    if budget is None:
+        return None
+    try:
+        found = budget if isinstance(budget, Budget) else Budget.model_validate(dict(budget))
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise InvalidInputError(
+            f"Invalid budget {dict(budget)!r}: {problems}. A budget is "
+            '{"usd": <more than 0>, "tokens": <more than 0>}, either or both',
+            field="budget",
+        ) from None
+    return None if found.empty else found
 
 
 def _mcp_choices(choices: Mapping[str, bool] | None) -> dict[str, bool]:

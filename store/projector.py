@@ -126,6 +126,18 @@ async def _observed(tx: Tx, stored: StoredEvent, event: ev.WorkspaceObserved) ->
     await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
 
 
+@handles(ev.BudgetSet)
+async def _budget(tx: Tx, stored: StoredEvent, event: ev.BudgetSet) -> None:
+    """Budgets live in the session's settings: every turn reads them with the session."""
+    settings = await _settings(tx, event.session_id)
+    if event.budget is None:
+        settings.pop("budget", None)
+    else:
+        settings["budget"] = event.budget.model_dump(mode="json", exclude_none=True)
+    values = {"settings": codec.dumps(settings), "time_updated": stored.created}
+    await _update_session(tx, event.session_id, values)
+
+
 @handles(ev.SessionRenamed, ev.ModelSelected, ev.AgentSelected)
 async def _session_settings(tx: Tx, stored: StoredEvent, event: ev.SessionEventBase) -> None:
     values: dict[str, Any] = {"time_updated": stored.created}

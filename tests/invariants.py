@@ -34,6 +34,7 @@ UNSTAMPED = {
     "session.model.selected",
     "session.agent.selected",
     "session.moved",  # between busy periods, as a selection is
+    "session.budget.set",  # at any time: it applies at the next step boundary
     "session.context.set",
     "session.context.deleted",
 }

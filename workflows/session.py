@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from sessionflow.models.events import Todo
     from sessionflow.models.permissions import PermissionReply, RespondResult
+    from sessionflow.models.spend import BudgetReached
 
 MAX_RETRIES = 4
 # Failures that say nothing about the model: the turn's worker was killed, shut down, lost its
@@ -91,6 +92,14 @@ TRANSIENT_TYPES = frozenset(
 
 class Interrupted(Exception):
     """The busy period was interrupted; its step has been settled."""
+
+
+class BudgetStop(Exception):
+    """The session's budget was reached at a step boundary: nothing of the step was written."""
+
+    def __init__(self, reached: BudgetReached) -> None:
+        super().__init__(reached.describe())
+        self.reached = reached
 
 
 class DrainFailure(Exception):
@@ -137,6 +146,8 @@ class SessionWorkflow:
         self.parent: ParentCall | None = None
         # The todo list as this run last saw a ``todowrite`` replace it (the UI's details).
         self.todos: tuple[Todo, ...] = ()
+        # The limit that ended the last busy period (the UI's details until the next one).
+        self.budget_stop: BudgetReached | None = None
 
     # --- what the Temporal UI shows ---------------------------------------------------------------
 
@@ -164,6 +175,8 @@ class SessionWorkflow:
             details += f" · waiting for subagent {child.agent} {child.session_id}"
         if self.parent is not None:
             details += f" · subagent of {self.parent.session_id}"
+        if self.budget_stop is not None and not self.busy:
+            details += f" · stopped: {self.budget_stop.describe()}; raise the budget, then resume"
         if self.todos:
             marks = {"completed": "[x]", "cancelled": "[-]", "in_progress": "[>]"}
             items = [f"- {marks.get(t.status, '[ ]')} {t.content[:120]}" for t in self.todos]
@@ -306,7 +319,7 @@ class SessionWorkflow:
             self.retry_backoff_ms = resume.retry_backoff_ms
         period = self.period
         self.busy = True
-        self.prepared = None
+        self.prepared, self.budget_stop = None, None
         outcome = Outcome(type="succeeded")
         try:
             # Claiming runs inside the cancellable task too: the claim may wait a whole lease
@@ -315,6 +328,9 @@ class SessionWorkflow:
             await self.drain_task
         except (Interrupted, asyncio.CancelledError):
             outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
+        except BudgetStop as stop:
+            self.budget_stop = stop.reached
+            outcome = Outcome(type="interrupted", reason="budget")
         except DrainFailure as failure:
             outcome = Outcome(type="failed", error=failure.error)
         except ActivityError as error:
@@ -504,6 +520,8 @@ class SessionWorkflow:
                 turn = await self._stream(
                     claim, assistant_id, step, promotion, max_steps, retry, compacted
                 )
+                if turn.budget is not None:  # nothing was asked or promoted: stop here
+                    raise BudgetStop(turn.budget)
                 if turn.compact:  # nothing was asked or promoted: compact, then ask again
                     await self._compact(claim, f"cmp_{assistant_id}_{retry}", manual=False)
                     compacted = True

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sessionflow.models.common import CompactionSettings, Delivery, ModelRef, Prompt
 from sessionflow.models.drain import Outcome
 from sessionflow.models.permissions import Decision, Rule
+from sessionflow.models.spend import Budget
 
 
 class Body(BaseModel):
@@ -50,6 +51,9 @@ class CreateSession(Body):
         "(default: the server's SESSIONFLOW_HOST, else local)",
     )
     settings: SessionSettings = SessionSettings()
+    budget: Budget | None = Field(
+        default=None, description="pause at the first step boundary where a limit is reached"
+    )
 
     @field_validator("workspace")
     @classmethod
@@ -63,6 +67,11 @@ class CreateSession(Body):
     def _model(cls, value: str) -> str:
         ModelRef.parse(value)
         return value
+
+
+class SetBudget(Body):
+    usd: float | None = Field(default=None, gt=0, description="USD limit (priced steps)")
+    tokens: int | None = Field(default=None, gt=0, description="token limit")
 
 
 class MoveSession(Body):

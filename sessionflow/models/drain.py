@@ -12,6 +12,7 @@ from pydantic import Field
 from sessionflow.models.common import Model, SessionError, Tokens
 from sessionflow.models.events import Todo
 from sessionflow.models.permissions import PermissionReply, PermissionRequest
+from sessionflow.models.spend import BudgetReached
 
 Promotion = Literal["steer", "queue"] | None
 # Restarts of a lost turn (or recoveries of a dead execution) before the session gives up.
@@ -262,6 +263,8 @@ class TurnResult(Model):
     finish: str | None = None
     tokens: Tokens | None = None
     cost: float | None = None  # USD; None when unpriced
+    # The session's budget stopped it before this step asked anything.
+    budget: BudgetReached | None = None
     calls: tuple[CallRef, ...] = ()
     step_failure: SessionError | None = None
     provider_failed: bool = False

@@ -23,6 +23,7 @@ from sessionflow.models.common import (
     Tokens,
 )
 from sessionflow.models.permissions import Decision, PermissionRequest, Rule
+from sessionflow.models.spend import Budget
 
 
 class Event(Model):
@@ -103,6 +104,13 @@ class WorkspaceObserved(SessionEventBase):
 class SessionRenamed(SessionEventBase):
     type: Literal["session.renamed"] = "session.renamed"
     title: str
+
+
+class BudgetSet(SessionEventBase):
+    """The session's spending limits from now on (``None``: no limits)."""
+
+    type: Literal["session.budget.set"] = "session.budget.set"
+    budget: Budget | None = None
 
 
 class ModelSelected(SessionEventBase):
@@ -422,6 +430,7 @@ SessionEvent = Annotated[
     | SessionMoved
     | WorkspaceObserved
     | SessionRenamed
+    | BudgetSet
     | ModelSelected
     | AgentSelected
     | PromptAdmitted

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from sessionflow.api.deps import Client, SessionId
-from sessionflow.api.schemas import CreateSession, MoveSession
+from sessionflow.api.schemas import CreateSession, MoveSession, SetBudget
 from sessionflow.catalogue import ToolInfo
 from sessionflow.client import Job, Usage
 from sessionflow.models.messages import Message
@@ -33,6 +33,7 @@ async def create_session(body: CreateSession, client: Client, response: Response
         approval_timeout=body.settings.approval_timeout,
         mcp=body.settings.mcp,
         host=body.host,
+        budget=body.budget,
     )
     response.headers["Location"] = f"/sessions/{created}"
     return await client.session(created)
@@ -67,6 +68,13 @@ async def move_session(session_id: SessionId, body: MoveSession, client: Client)
     """Move the session's tools to another host, between busy periods only (409 while busy);
     the new host checks the workspace first (503 when it has no live worker)."""
     return await client.move(session_id, body.host, workspace=body.workspace)
+
+
+@router.put("/{session_id}/budget", response_model=SessionInfo)
+async def set_budget(session_id: SessionId, body: SetBudget, client: Client) -> SessionInfo:
+    """Replace its spending limits (an empty body: none). A session its budget stopped
+    continues with ``POST /sessions/{id}/resume`` once they are above what it spent."""
+    return await client.set_budget(session_id, body.model_dump(exclude_none=True))
 
 
 @router.get("/{session_id}/tools", response_model=list[ToolInfo])
