@@ -1016,3 +1016,35 @@ async def test_children_jobs_and_the_status_of_a_tree(
             assert f"  {kids['fg']}  @fg  in " in text and "total  in " in text
         unknown = await run.run("jobs", "ses_nope")
         assert unknown.returncode == 1 and "ses_nope" in unknown.stderr, unknown.stderr
+
+
+async def test_budget_new_status_and_resume_from_the_command_line(
+    cli: tuple[Cli, Harness],
+) -> None:
+    run, h = cli
+    finish = {"finish": {"reason": "tool-calls", "usage": {"input": 1000}}}
+    model = h.script(
+        [{"tool_call": {"id": "c1", "name": "echo", "input": {"text": "x"}}}, finish],
+        [{"text": "continued"}],
+        price={"input": 1000.0, "output": 1000.0},
+    )
+    made = await run.json(
+        "new", "--workspace", str(h.workspace), "--model", model, "--budget-usd", "0.5"
+    )
+    sid = made["session_id"]
+    await run.json("prompt", sid, "Go")
+    await h.client.wait_idle(sid, timeout=30)
+    state = await run.run("status", sid)
+    assert state.returncode == 0, state.stderr
+    assert "$1.0000 · budget reached: $1.0000 spent of $0.5 (+$0.5000)" in state.stdout
+    shown = await run.run("budget", sid)
+    assert "sessionflow resume" in shown.stdout and "budget $0.5" in shown.stdout
+    raised = await run.json("budget", sid, "--usd", "5", "--tokens", "90000")
+    assert raised["budget"] == {"usd": 5.0, "tokens": 90000}
+    assert raised["budget_reached"] is None
+    bad = await run.run("budget", sid, "--usd", "-3")
+    assert bad.returncode != 0 and "Invalid budget" in bad.stderr
+    assert (await run.json("budget", sid))["budget"] == {"usd": 5.0, "tokens": 90000}
+    outcome = await run.json("resume", sid)
+    assert outcome["type"] == "succeeded"
+    assert len(h.requests()) == 2

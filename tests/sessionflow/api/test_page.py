@@ -320,6 +320,33 @@ async def test_the_page_shows_the_latest_todo_list(api: Api, browser: Browser) -
             await page.close()
 
 
+async def test_the_page_shows_the_spend_and_the_budget_that_stopped_it(
+    api: Api, browser: Browser
+) -> None:
+    usage = {"finish": {"reason": "tool-calls", "usage": {"input": 1500}}}
+    model = api.h.script(
+        [call("e1", text="x"), usage],
+        [{"text": "never asked"}],
+        price={"input": 1000.0, "output": 1000.0},
+    )
+    sid = await api.h.client.create_session(
+        workspace=str(api.h.workspace), model=model, budget={"usd": 1}
+    )
+    async with running_api(api.h.client, ApiSettings(port=0)) as url:
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await expect(page.locator("#spend")).to_have_text("$0.0000 · budget $1")
+            await api.h.client.prompt(sid, "Spend")
+            await expect(page.locator(".marker.interrupted")).to_have_text("interrupted (budget)")
+            spend = page.locator("#spend")
+            await expect(spend).to_have_text("$1.5000 · budget reached: $1.5000 of $1")
+            assert await spend.get_attribute("data-reached") == "usd"
+        finally:
+            await page.close()
+
+
 @pytest.mark.parametrize("target", ["sqlite"], indirect=True)
 async def test_the_page_says_a_call_waits_for_its_host(api: Api, browser: Browser) -> None:
     h = api.h

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.sessionflow.api.conftest import Api
 
 
@@ -309,3 +311,27 @@ async def test_compact_summarizes_at_the_next_boundary(api: Api) -> None:
     assert compaction["id"] == first.json()["input_id"]
     assert (compaction["status"], compaction["summary"]) == ("completed", "the summary")
     error(await api.http.post("/sessions/ses_nope/compact"), 404, "SessionNotFoundError")
+
+
+async def test_a_budget_is_set_read_and_reached_over_http(api: Api) -> None:
+    model = api.h.script(
+        [{"text": "spent"}, {"finish": {"reason": "stop", "usage": {"input": 2000}}}],
+        price={"input": 1000.0, "output": 1000.0},
+    )
+    body = {"workspace": str(api.h.workspace), "model": model, "budget": {"usd": 5}}
+    created = await api.http.post("/sessions", json=body)
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    assert created.json()["budget"] == {"usd": 5.0, "tokens": None}
+    answer = await api.http.put(f"/sessions/{sid}/budget", json={"usd": 1.5, "tokens": 10})
+    assert answer.status_code == 200 and answer.json()["budget"] == {"usd": 1.5, "tokens": 10}
+    await api.http.post(f"/sessions/{sid}/prompt", json={"text": "Go"})
+    await api.h.client.wait_idle(sid, timeout=30)
+    status = (await api.http.get(f"/sessions/{sid}/status")).json()
+    assert status["spend"]["cost"] == pytest.approx(2.0)
+    assert status["spend"]["priced_steps"] == 1
+    assert status["budget_reached"] == {"limit": "usd", "allowed": 1.5, "spent": 2.0}
+    refused = await api.http.put(f"/sessions/{sid}/budget", json={"usd": -1})
+    assert refused.status_code == 422 and "usd" in refused.text
+    cleared = await api.http.put(f"/sessions/{sid}/budget", json={})
+    assert cleared.json()["budget"] is None
