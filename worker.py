@@ -32,6 +32,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from activities.capacity import Capacity
 from activities.compact import CompactionActivities
 from activities.hosts import HostActivities, HostLease
 from activities.runtime import ProviderFactory, Runtime, default_providers
@@ -200,6 +201,7 @@ def build_worker(
     max_depth: int = DEFAULT_MAX_DEPTH,
     host: str = LOCAL_HOST,
     serve: str = "all",
+    capacity: Capacity | None = None,
 ) -> SessionWorker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -239,6 +241,7 @@ def build_worker(
         mcp=mcp,
         max_depth=max_depth,
         host=None if serve == "turns" else host,
+        capacity=capacity or Capacity.from_env(),
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     common: dict[str, Any] = {

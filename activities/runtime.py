@@ -17,6 +17,7 @@ from temporalio.client import WorkflowExecutionDescription, WorkflowExecutionSta
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from activities.capacity import Capacity
 from activities.providers.base import Provider
 from activities.providers.registry import environment_settings, make_provider
 from activities.tools.base import ToolFailure, ToolRegistry
@@ -78,6 +79,8 @@ class Runtime:
     max_depth: int = DEFAULT_MAX_DEPTH  # Settings.max_depth: how deep a session tree grows
     # The host whose tools this worker runs (``SESSIONFLOW_HOST``); None: it runs none.
     host: str | None = LOCAL_HOST
+    # The rate governor's keys and limits (``SESSIONFLOW_RATE_LIMITS``).
+    capacity: Capacity = field(default_factory=Capacity)
 
     def __post_init__(self) -> None:
         # Every worker offers ``task`` when its agents include a subagent.

@@ -46,19 +46,21 @@ from sessionflow import telemetry
 from sessionflow.agents import Agent
 from sessionflow.errors import ContextUnavailableError
 from sessionflow.models import events as ev
-from sessionflow.models.common import CompactionSettings, ModelRef, SessionError
+from sessionflow.models.common import CompactionSettings, ModelRef, SessionError, Tokens
 from sessionflow.models.drain import (
     CallRef,
+    CapacityWait,
     FinishStepInput,
     ToolsReady,
     TurnInput,
     TurnResult,
     workflow_id,
 )
-from sessionflow.models.spend import BudgetReached
+from sessionflow.models.spend import BudgetReached, token_total
 from store.claims import Claim
 from store.db import Tx
 from store.facade import TurnView
+from store.governor import Grant, Wait
 from store.sessions import Pending, SessionInfo, StepBasis, TurnSnapshot
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,13 @@ class TurnActivities:
                 model=model,
                 attempt=request.retry + 1,
             )
+            taken = await self._take_capacity(claim.session_id, model, provider_request)
+            if isinstance(taken, CapacityWait):
+                return TurnResult(
+                    assistant_message_id=request.assistant_message_id,
+                    step=request.step,
+                    capacity=taken,
+                )
             if request.retry > 0:
                 publisher.start_assistant()  # a retry re-announces the same assistant message
             stream = _Stream(self.rt, claim, request, publisher, last_step, hidden)
@@ -158,12 +167,49 @@ class TurnActivities:
             with telemetry.tracer().start_as_current_span(
                 "provider.turn", attributes=attributes
             ) as span:
-                ran = await _unless_shutdown(stream.run(provider_request, step))
-                result = ran if ran is not None else stream.handed_back(step)
+                try:
+                    ran = await _unless_shutdown(stream.run(provider_request, step))
+                    result = ran if ran is not None else stream.handed_back(step)
+                    if taken is not None:  # closed while it holds its slot: nobody slips in
+                        await self._closed_by(taken, result)
+                finally:
+                    if taken is not None:
+                        await self._give_back(taken, stream.publisher.tokens)
                 span.set_attributes(_usage_attributes(result))
             if ran is not None and _settles_itself(result):
                 result = await self._settle(request, result)
             return result
+
+    async def _take_capacity(
+        self, session_id: str, model: ModelRef, provider_request: p.ProviderRequest
+    ) -> Grant | CapacityWait | None:
+        """Capacity on the model's provider key for this request (``store/governor.py``); a
+        wait when there is none; None for a model with no provider key (scripted)."""
+        key = self.rt.capacity.key(model)
+        if key is None:
+            return None
+        estimate = len(provider_request.model_dump_json()) // 4  # tokens, roughly
+        taken = await self.rt.store.governor.take(
+            key, session_id, estimate, self.rt.capacity.limits_for(model)
+        )
+        if isinstance(taken, Wait):
+            wait_ms = max(50, min(taken.wait_ms, 60_000))  # asked again at least every minute
+            until, reason = taken.until_ms, taken.reason
+            return CapacityWait(key=key, wait_ms=wait_ms, until_ms=until, reason=reason)
+        return taken
+
+    async def _give_back(self, grant: Grant, tokens: Tokens | None) -> None:
+        used = None if tokens is None else token_total(tokens)
+        with contextlib.suppress(Exception):  # its slot frees itself later if this fails
+            await self.rt.store.governor.give_back(grant, used)
+
+    async def _closed_by(self, grant: Grant, result: TurnResult) -> None:
+        """A rate-limit answer holds back every session of the key, not only this one."""
+        error = result.raw_error
+        limited = error is not None and error.type == "provider.rate-limit"
+        if limited or (error is not None and result.retry_after_ms):
+            wait = result.retry_after_ms or self.rt.retry_backoff_ms
+            await self.rt.store.governor.close(grant.key, wait)
 
     async def _settle(self, request: TurnInput, result: TurnResult) -> TurnResult:
         """End a step that made no local calls as the workflow's ``finish_step`` would, under

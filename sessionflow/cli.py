@@ -519,6 +519,8 @@ def _status_text(state: Any, indent: str = "") -> str:
         text += f" · {reached.describe()}" if reached else f" · budget {state.budget.describe()}"
     for host in drain.waiting_hosts if drain else ():
         text += f" · waiting for host {host}"
+    if drain and drain.waiting_capacity:
+        text += f" · {drain.waiting_capacity}"
     for request in drain.waiting if drain else ():
         what = request.question or request.summary
         command = "answer" if request.kind == "question" else "approve"

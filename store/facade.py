@@ -18,6 +18,7 @@ from store import projector
 from store.claims import Claim, Claims, fence_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
+from store.governor import Governor
 from store.hosts import Hosts
 from store.inputs import Inputs
 from store.notify import Notifier
@@ -59,6 +60,10 @@ class Store(Writes):
     hosts: Hosts
     writer: SqliteWriter | PostgresWriter | None = field(default=None)
     tool_runs: ToolRuns = field(default_factory=ToolRuns)
+    governor: Governor = field(init=False)  # the provider keys' shared capacity
+
+    def __post_init__(self) -> None:
+        self.governor = Governor(self.db)
 
     async def append(
         self,

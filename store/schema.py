@@ -253,6 +253,42 @@ class HostLeaseRow(Base):
     last_seen: Mapped[Millis]
 
 
+class ProviderCapacityRow(Base):
+    """One provider key's shared capacity (``store/governor.py``): the current minute's
+    requests and tokens, and until when a rate-limit answer closed the key for everyone."""
+
+    __tablename__ = "provider_capacity"
+
+    key: Mapped[str] = mapped_column(sa.String(256), primary_key=True)
+    window_start: Mapped[Millis]
+    requests: Mapped[int] = mapped_column(sa.Integer)
+    tokens: Mapped[int] = mapped_column(sa.BigInteger)
+    closed_until: Mapped[Millis]
+
+
+class ProviderStreamRow(Base):
+    """A request of ``holder`` (a session: one turn at a time) streaming on a key now."""
+
+    __tablename__ = "provider_stream"
+
+    key: Mapped[str] = mapped_column(sa.String(256), primary_key=True)
+    holder: Mapped[Id] = mapped_column(primary_key=True)
+    tokens: Mapped[int] = mapped_column(sa.BigInteger)  # what it took of the minute's tokens
+    window_start: Mapped[Millis]  # the minute it took them from
+    expires_at: Mapped[Millis]  # a holder whose worker died frees its slot by then
+
+
+class ProviderWaiterRow(Base):
+    """A session waiting for a key's capacity, served in order of ``arrived``."""
+
+    __tablename__ = "provider_waiter"
+
+    key: Mapped[str] = mapped_column(sa.String(256), primary_key=True)
+    holder: Mapped[Id] = mapped_column(primary_key=True)
+    arrived: Mapped[Millis]
+    seen: Mapped[Millis]  # a waiter not seen again soon has given up (interrupted, gone)
+
+
 session_table = cast(sa.Table, SessionRow.__table__)
 message_table = cast(sa.Table, MessageRow.__table__)
 part_table = cast(sa.Table, PartRow.__table__)
@@ -263,3 +299,6 @@ execution_table = cast(sa.Table, ExecutionRow.__table__)
 recovery_table = cast(sa.Table, RecoveryRow.__table__)
 tool_run_table = cast(sa.Table, ToolRunRow.__table__)
 host_lease_table = cast(sa.Table, HostLeaseRow.__table__)
+capacity_table = cast(sa.Table, ProviderCapacityRow.__table__)
+stream_table = cast(sa.Table, ProviderStreamRow.__table__)
+waiter_table = cast(sa.Table, ProviderWaiterRow.__table__)

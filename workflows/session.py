@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         RESUME_BUDGET,
         AcquireInput,
         CallRef,
+        CapacityWait,
         ChildFinished,
         ClaimAndPrepareInput,
         ClaimAndPrepareResult,
@@ -148,6 +149,8 @@ class SessionWorkflow:
         self.todos: tuple[Todo, ...] = ()
         # The limit that ended the last busy period (the UI's details until the next one).
         self.budget_stop: BudgetReached | None = None
+        # What the next model request waits for on its provider key (the governor).
+        self.capacity_wait: CapacityWait | None = None
 
     # --- what the Temporal UI shows ---------------------------------------------------------------
 
@@ -171,6 +174,8 @@ class SessionWorkflow:
             details += f" · waiting for an answer: {ask.tool} `{ask.summary}` ({ask.request_id})"
         for host in self.hosts.waiting_hosts():
             details += f" · waiting for host {host}"
+        if self.capacity_wait is not None:
+            details += f" · {self.capacity_wait.describe()}"
         for child in self.children.waiting():
             details += f" · waiting for subagent {child.agent} {child.session_id}"
         if self.parent is not None:
@@ -250,6 +255,7 @@ class SessionWorkflow:
             children=self.children.waiting(),
             host=self.host,
             waiting_hosts=self.hosts.waiting_hosts(),
+            waiting_capacity=self.capacity_wait.describe() if self.capacity_wait else None,
         )
 
     def _interrupt(self, request: InterruptRequest) -> bool:
@@ -522,6 +528,9 @@ class SessionWorkflow:
                 )
                 if turn.budget is not None:  # nothing was asked or promoted: stop here
                     raise BudgetStop(turn.budget)
+                if turn.capacity is not None:  # nothing was asked: wait holding nothing
+                    await self._wait_for_capacity(turn.capacity)
+                    continue
                 if turn.compact:  # nothing was asked or promoted: compact, then ask again
                     await self._compact(claim, f"cmp_{assistant_id}_{retry}", manual=False)
                     compacted = True
@@ -566,6 +575,20 @@ class SessionWorkflow:
             if result.failure is not None:
                 raise DrainFailure(result.failure)
             return result.needs_continuation, step, result.pending
+
+    async def _wait_for_capacity(self, wait: CapacityWait) -> None:
+        """The provider key has no capacity now: a durable timer that an interrupt ends early,
+        then the same step asks again (a wait is never a retry: it cannot fail the session)."""
+        self.capacity_wait = wait
+        self.phase = "waiting for provider capacity"
+        try:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self.stopping, timeout=timedelta(milliseconds=wait.wait_ms)
+                )
+        finally:
+            self.capacity_wait = None
+        self._check_stopping()
 
     def _check_stopping(self) -> None:
         if self.stopping:

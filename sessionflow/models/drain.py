@@ -171,6 +171,8 @@ class DrainStatus(Model):
     host: str = LOCAL_HOST
     # Hosts a running call waits for: their workers stopped answering (restarting, or gone).
     waiting_hosts: tuple[str, ...] = ()
+    # The provider capacity the next model request waits for (``CapacityWait.describe``).
+    waiting_capacity: str | None = None
 
 
 # --- activities ---------------------------------------------------------------------------------
@@ -256,6 +258,19 @@ class ToolsReady(Model):
     calls: tuple[CallRef, ...]
 
 
+class CapacityWait(Model):
+    """The provider key had no capacity for the request: nothing was asked; ask again in
+    ``wait_ms`` (by then the key may have capacity)."""
+
+    key: str
+    wait_ms: int
+    until_ms: int  # epoch ms, database clock
+    reason: str
+
+    def describe(self) -> str:
+        return f"waiting for provider capacity (key {self.key}, {self.reason})"
+
+
 class TurnResult(Model):
     assistant_message_id: str
     step: int
@@ -265,6 +280,8 @@ class TurnResult(Model):
     cost: float | None = None  # USD; None when unpriced
     # The session's budget stopped it before this step asked anything.
     budget: BudgetReached | None = None
+    # No capacity on the provider key: nothing was asked, the workflow waits and asks again.
+    capacity: CapacityWait | None = None
     calls: tuple[CallRef, ...] = ()
     step_failure: SessionError | None = None
     provider_failed: bool = False

@@ -328,7 +328,9 @@ async function refreshState() {
   // An event that arrived meanwhile is newer than this answer.
   if (!status || lastSeq !== asked) return;
   const hosts = (status.drain && status.drain.waiting_hosts) || [];
-  waitingFor = hosts.map((host) => `waiting for host ${host}`).join(" · ");
+  const waits = hosts.map((host) => `waiting for host ${host}`);
+  if (status.drain && status.drain.waiting_capacity) waits.push(status.drain.waiting_capacity);
+  waitingFor = waits.join(" · ");
   setState(status.busy ? "busy" : "idle");
   showSpend(status);
 }
@@ -362,7 +364,7 @@ function showSpend(status) {
 
 // A running call sends no events while it waits for its host: ask the status now and then.
 setInterval(() => {
-  if (connected && phase === "busy" && find('.tool[data-state="running"]')) refreshState();
+  if (connected && phase === "busy") refreshState();
 }, 3000);
 
 async function post(path, body) {
