@@ -5,6 +5,7 @@ These are durable contracts: histories in flight hold them. New fields must be o
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import Field
@@ -268,7 +269,8 @@ class CapacityWait(Model):
     reason: str
 
     def describe(self) -> str:
-        return f"waiting for provider capacity (key {self.key}, {self.reason})"
+        until = datetime.fromtimestamp(self.until_ms / 1000, tz=UTC).strftime("%H:%M:%S UTC")
+        return f"waiting for provider capacity (key {self.key}, until {until}: {self.reason})"
 
 
 class TurnResult(Model):

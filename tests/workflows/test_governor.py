@@ -90,7 +90,12 @@ class FakeProvider:
         with self._gathered:
             if len(self.arrivals) <= self.gather:
                 self._gathered.notify_all()
-                self._gathered.wait_for(lambda: self.streaming >= self.gather, timeout=20)
+                self._gathered.wait_for(lambda: self.streaming >= self.gather, timeout=30)
+
+    def release(self) -> None:
+        with self._gathered:
+            self.gather = 0
+            self._gathered.notify_all()
 
     def admit(self) -> bool:
         with self._lock:
@@ -202,3 +207,40 @@ async def test_the_concurrency_limit_holds_across_twenty_sessions(
         assert state["streams"] == 0 and state["waiters"] == 0
     assert len(provider.arrivals) == 20  # nobody was refused, nobody asked twice
     assert provider.most_streaming == 3  # reached (the fake's latch), never passed
+
+
+async def test_a_session_waiting_for_capacity_says_so_and_an_interrupt_settles_it(
+    running: tuple[WorkflowEnvironment, Store, Path], fake: tuple[FakeProvider, str]
+) -> None:
+    env, store, root = running
+    provider, url = fake
+    provider.gather = 2  # the first stream holds the key's only slot until released
+    options = fleet(provider, url, RateLimits(streams=1))
+    async with harness(env.client, store, root, **options) as h:
+        make = h.client.create_session
+        holder = await make(workspace=str(h.workspace), model=MODEL)
+        waiter = await make(workspace=str(h.workspace), model=MODEL)
+        await h.client.prompt(holder, "Hold the slot")
+        await h.until(lambda: provider.streaming == 1, timeout=30)
+        await h.client.prompt(waiter, "Wait for it")
+
+        async def says_it_waits() -> bool:
+            drain = (await h.client.status(waiter)).drain
+            return bool(drain and drain.waiting_capacity)
+
+        await h.until(says_it_waits, timeout=30)
+        drain = (await h.client.status(waiter)).drain
+        assert drain is not None and drain.waiting_capacity is not None
+        assert "waiting for provider capacity (key openai@127.0.0.1:" in drain.waiting_capacity
+        assert "1 concurrent streams" in drain.waiting_capacity
+        await h.client.interrupt(waiter)
+        await h.client.wait_idle(waiter, timeout=30)
+        assert provider.streaming == 1  # settled while the holder still streams
+        ends = [e.data for e in await h.events(waiter) if e.type in TERMINALS]
+        assert [e.get("reason") for e in ends] == ["user"]
+        assert len(provider.arrivals) == 1  # the waiter never asked
+        provider.release()
+        await h.client.wait_idle(holder, timeout=30)
+    assert {e.type for e in await h.events(holder) if e.type in TERMINALS} == {
+        "session.execution.succeeded"
+    }
