@@ -69,11 +69,6 @@ class CreateSession(Body):
         return value
 
 
-class SetBudget(Body):
-    usd: float | None = Field(default=None, gt=0, description="USD limit (priced steps)")
-    tokens: int | None = Field(default=None, gt=0, description="token limit")
-
-
 class MoveSession(Body):
     host: str = Field(description="the host its tools run on from now")
     workspace: str | None = Field(

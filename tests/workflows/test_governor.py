@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -162,17 +162,10 @@ def fleet(fake: FakeProvider, url: str, limits: RateLimits) -> dict[str, object]
     return {"providers": providers, "capacity": capacity, "retry_backoff_ms": 200}
 
 
-@pytest.fixture
-async def running(
-    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
-) -> AsyncIterator[tuple[WorkflowEnvironment, Store, Path]]:
-    yield temporal_env, store, tmp_path
-
-
 async def test_one_rate_limit_answer_holds_back_every_session(
-    running: tuple[WorkflowEnvironment, Store, Path], fake: tuple[FakeProvider, str]
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path, fake: tuple[FakeProvider, str]
 ) -> None:
-    env, store, root = running
+    env, root = temporal_env, tmp_path
     provider, url = fake
     provider.burst = 5
     # One stream at a time: a session that got the 429 still holds the key's only slot when
@@ -192,27 +185,29 @@ async def test_one_rate_limit_answer_holds_back_every_session(
 
 
 async def test_the_concurrency_limit_holds_across_twenty_sessions(
-    running: tuple[WorkflowEnvironment, Store, Path], fake: tuple[FakeProvider, str]
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path, fake: tuple[FakeProvider, str]
 ) -> None:
-    env, store, root = running
+    env, root = temporal_env, tmp_path
     provider, url = fake
     provider.gather = 3
     options = fleet(provider, url, RateLimits(streams=3))
     async with harness(env.client, store, root, **options) as h:
         ids = await Fleet(h, provider).run(20)
         assert await Fleet(h, provider).outcomes(ids) == {"session.execution.succeeded"}
-        state = await store.governor.state(
-            next(iter({Capacity(settings=options["capacity"].settings).key(ModelRef.parse(MODEL))}))
-        )  # type: ignore[attr-defined]
+        capacity = options["capacity"]
+        assert isinstance(capacity, Capacity)
+        key = capacity.key(ModelRef.parse(MODEL))
+        assert key is not None and key.startswith("openai@127.0.0.1:")
+        state = await store.governor.state(key)
         assert state["streams"] == 0 and state["waiters"] == 0
     assert len(provider.arrivals) == 20  # nobody was refused, nobody asked twice
     assert provider.most_streaming == 3  # reached (the fake's latch), never passed
 
 
 async def test_a_session_waiting_for_capacity_says_so_and_an_interrupt_settles_it(
-    running: tuple[WorkflowEnvironment, Store, Path], fake: tuple[FakeProvider, str]
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path, fake: tuple[FakeProvider, str]
 ) -> None:
-    env, store, root = running
+    env, root = temporal_env, tmp_path
     provider, url = fake
     provider.gather = 2  # the first stream holds the key's only slot until released
     options = fleet(provider, url, RateLimits(streams=1))

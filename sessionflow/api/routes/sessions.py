@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from sessionflow.api.deps import Client, SessionId
-from sessionflow.api.schemas import CreateSession, MoveSession, SetBudget
+from sessionflow.api.schemas import CreateSession, MoveSession
 from sessionflow.catalogue import ToolInfo
 from sessionflow.client import Job, Usage
 from sessionflow.models.messages import Message
+from sessionflow.models.spend import Budget
 from store.sessions import SessionInfo
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -71,7 +72,7 @@ async def move_session(session_id: SessionId, body: MoveSession, client: Client)
 
 
 @router.put("/{session_id}/budget", response_model=SessionInfo)
-async def set_budget(session_id: SessionId, body: SetBudget, client: Client) -> SessionInfo:
+async def set_budget(session_id: SessionId, body: Budget, client: Client) -> SessionInfo:
     """Replace its spending limits (an empty body: none). A session its budget stopped
     continues with ``POST /sessions/{id}/resume`` once they are above what it spent."""
     return await client.set_budget(session_id, body.model_dump(exclude_none=True))
