@@ -23,23 +23,11 @@ from store import Store
 from store.claims import Claim
 from store.dialect import now_ms
 from tests.conftest import StoreFactory, Target
-from tests.store.helpers import backend_pid, count, rows, until_waiting_for
+from tests.store.helpers import backend_pid, count, expire_claim, rows, until_waiting_for
 
 
 async def new_session(store: Store) -> str:
     return (await store.sessions.create("/work")).id
-
-
-async def expire(store: Store, session_id: str) -> None:
-    """Move the claim's expiry an hour behind the database clock, as waiting out the lease would."""
-    async with store.db.write() as tx:
-        await tx.conn.execute(
-            sa.text(
-                "UPDATE session_execution SET expires_at = expires_at - 3600000"
-                " WHERE session_id = :sid"
-            ),
-            {"sid": session_id},
-        )
 
 
 async def test_acquire_creates_a_live_claim_with_the_first_epoch(store: Store) -> None:
@@ -162,7 +150,7 @@ async def test_epochs_strictly_increase_across_release_and_takeover(store: Store
     await store.claims.release(claim)
     claim = await store.claims.acquire(sid, "exec_2", "owner")
     epochs.append(claim.epoch)
-    await expire(store, sid)
+    await expire_claim(store, sid)
     claim = await store.claims.acquire(sid, "exec_3", "owner")
     epochs.append(claim.epoch)
     assert epochs == [1, 2, 3]
@@ -185,7 +173,7 @@ async def test_no_two_of_many_claims_share_a_fencing_token(store: Store) -> None
         if number % 2:
             await store.claims.release(claim)
         else:
-            await expire(store, sid)
+            await expire_claim(store, sid)
     assert [c.epoch for c in claims] == list(range(1, CLAIMS + 1))
     assert len({(c.execution_id, c.epoch) for c in claims}) == CLAIMS
     live = await store.claims.acquire(sid, "exec_reused", "owner")
@@ -205,7 +193,7 @@ async def test_an_expired_claim_never_renews_itself(store: Store) -> None:
     """Catalogue F5: an expired claim never renews itself."""
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner-a")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     with pytest.raises(ClaimLostError, match="lease expired"):
         await store.claims.renew(claim)
     with pytest.raises(ClaimLostError):
@@ -232,7 +220,7 @@ async def test_takeover_records_exactly_one_recovery_row(store: Store) -> None:
     sid = await new_session(store)
     dead = await store.claims.acquire(sid, "exec_dead", "owner-a")
     await store.claims.set_phase(dead, "unknown", assistant_message_id="msg_turn")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     successor = await store.claims.acquire(sid, "exec_next", "owner-b")
     assert successor.epoch == dead.epoch + 1
     recoveries = await store.claims.recoveries(sid)
@@ -247,7 +235,7 @@ async def test_abab_the_first_owner_can_never_write_again(store: Store) -> None:
     """Catalogue F8: ABA and id reuse."""
     sid = await new_session(store)
     a = await store.claims.acquire(sid, "exec_a", "owner-a")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     b = await store.claims.acquire(sid, "exec_b", "owner-b")
     await store.claims.release(b)
     assert await count(store, "session_execution") == 0
@@ -266,7 +254,7 @@ async def test_abab_the_first_owner_can_never_write_again(store: Store) -> None:
 async def test_a_fenced_write_after_the_claim_was_lost_is_rolled_back(store: Store) -> None:
     sid = await new_session(store)
     claim = await store.claims.acquire(sid, "exec_a", "owner-a")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     before = await store.events.latest_sequence(sid)
     with pytest.raises(ClaimLostError):
         async with store.claims.fenced(claim) as tx:
@@ -350,13 +338,13 @@ async def test_a_takeover_waits_for_an_open_fenced_transaction(store: Store) -> 
 async def test_recovery_attempts_are_counted_and_inherited(store: Store) -> None:
     sid = await new_session(store)
     first = await store.claims.acquire(sid, "exec_1", "owner")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     second = await store.claims.acquire(sid, "exec_2", "owner")
     (recovery,) = await store.claims.recoveries(sid)
     async with store.claims.fenced(second) as tx:
         assert await store.claims.begin_recovery(tx, recovery) == 1
     assert await store.claims.recoveries(sid) == []
-    await expire(store, sid)
+    await expire_claim(store, sid)
     third = await store.claims.acquire(sid, "exec_3", "owner")
     (inherited,) = await store.claims.recoveries(sid)
     assert (inherited.execution_id, inherited.attempts) == ("exec_2", 1)
@@ -370,9 +358,9 @@ async def test_recovery_attempts_are_counted_and_inherited(store: Store) -> None
 async def test_recoveries_are_selected_oldest_first_without_errors(store: Store) -> None:
     sid = await new_session(store)
     await store.claims.acquire(sid, "exec_b", "owner")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     await store.claims.acquire(sid, "exec_a", "owner")
-    await expire(store, sid)
+    await expire_claim(store, sid)
     claim = await store.claims.acquire(sid, "exec_c", "owner")
     recoveries = await store.claims.recoveries(sid)
     assert [r.execution_id for r in recoveries] == ["exec_b", "exec_a"]
@@ -400,7 +388,7 @@ async def test_set_phase_is_fenced(store: Store) -> None:
     current = await store.claims.current(sid)
     assert current is not None
     assert (current.phase, current.assistant_message_id, current.epoch) == ("continue", "msg_1", 1)
-    await expire(store, sid)
+    await expire_claim(store, sid)
     with pytest.raises(ClaimLostError):
         await store.claims.set_phase(claim, "ready")
 
@@ -442,7 +430,7 @@ async def test_a_takeover_that_waited_for_the_row_lock_gets_a_claim_that_is_live
     try:
         sid = await new_session(store)
         await store.claims.acquire(sid, "exec_dead", "owner-a")
-        await expire(store, sid)
+        await expire_claim(store, sid)
         lease = 300
         async with holding_the_claim_row(store, sid) as holder:
             taker = asyncio.create_task(
@@ -466,7 +454,7 @@ async def test_an_acquire_does_not_wait_for_a_held_row_lock_beyond_its_lock_time
     try:
         sid = await new_session(store)
         await store.claims.acquire(sid, "exec_a", "owner-a")
-        await expire(store, sid)
+        await expire_claim(store, sid)
         async with holding_the_claim_row(store, sid):
             with pytest.raises(ClaimHeldError) as held:
                 await asyncio.wait_for(store.claims.acquire(sid, "exec_b", "owner-b"), 30)
@@ -533,7 +521,7 @@ async def test_a_skewed_worker_clock_changes_no_claim_decision(
         await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
     renewed = await store.claims.renew(claim)
     assert renewed.expires_at >= claim.expires_at
-    await expire(store, sid)  # the database clock passes the lease
+    await expire_claim(store, sid)  # the database clock passes the lease
     successor = await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
     assert successor.epoch == claim.epoch + 1
     with pytest.raises(ClaimLostError):

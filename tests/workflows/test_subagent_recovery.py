@@ -21,6 +21,7 @@ from activities.restart import RESTART_TEXT
 from store import Store
 from tests.conftest import StoreFactory, Target
 from tests.invariants import assert_clean, check_store, final_log
+from tests.store.helpers import expire_claim
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.test_recovery import sweep
 from tests.workflows.test_subagents import Tree, busy, results, task
@@ -140,7 +141,7 @@ async def test_the_sweep_recovers_a_terminated_parent_and_keeps_every_result(
     children. One child answers before the sweep recovers the parent: the recovery settles
     its call with the answer. The other still runs then: its call closes saying so, and its
     answer arrives later as a message. Nothing runs twice."""
-    store = await open_test_store(lease_ms=1500)
+    store = await open_test_store()
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         tree = Tree(h)
         tree.subagent("one", [{"wait_for_file": h.gate_file("one")}, {"text": "one answer"}])
@@ -163,7 +164,8 @@ async def test_the_sweep_recovers_a_terminated_parent_and_keeps_every_result(
             await h.client._handle(sid).terminate("simulated loss of the parent's drain")
             h.open_gate("one")
             await h.until(lambda: idle_with(h, kids["one"], "succeeded"), timeout=30)
-            await h.until(lambda: _expired(store, sid), timeout=30)
+            await expire_claim(store, sid)  # as waiting out its lease would
+            assert await _expired(store, sid)
             assert sid in (await sweep(h, temporal_env)).woken
             await h.until(lambda: len(h.requests()) == 2, timeout=30)
             await h.client.wait_idle(sid, timeout=30)
@@ -200,7 +202,7 @@ async def test_a_child_recovered_by_the_sweep_answers_its_call(
 ) -> None:
     """The dead run's end ("superseded") is not the child's answer: the run that took over
     goes on with the same prompt, and its answer settles the parent's call."""
-    store = await open_test_store(lease_ms=1500)
+    store = await open_test_store()
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         tree = Tree(h)
         tree.subagent(
@@ -219,7 +221,8 @@ async def test_a_child_recovered_by_the_sweep_answers_its_call(
             await h.until(streaming, timeout=30)
             (kid,) = await store.sessions.list(parent_id=sid)
             await h.client._handle(kid.id).terminate("simulated loss of the child's drain")
-            await h.until(lambda: _expired(store, kid.id), timeout=30)
+            await expire_claim(store, kid.id)
+            assert await _expired(store, kid.id)
             assert kid.id in (await sweep(h, temporal_env)).woken
             await h.client.wait_idle(sid, timeout=60)
             settled = results(await store.sessions.messages(sid))

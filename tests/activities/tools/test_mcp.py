@@ -24,6 +24,7 @@ from activities.tools.mcp import McpPool, McpServerError, McpTool
 from activities.tools.mcp_config import McpConfig, McpConfigError, load_config
 from activities.tools.output import TRUNCATION_MARKER
 from activities.tools.settings import ToolSettings
+from sessionflow.locate import process_alive
 from sessionflow.models.common import TextContent
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
@@ -307,9 +308,15 @@ async def test_a_server_that_died_while_idle_is_restarted_before_the_call(
 ) -> None:
     tools = await tools_of(pool, tmp_path)
     await call(tools, "t_read_note", tmp_path, topic="a")
-    for pid in _servers_of(tmp_path):
+    killed = _servers_of(tmp_path)
+    for pid in killed:
         os.kill(pid, signal.SIGKILL)
-    await _until_gone(tmp_path)
+    # Dead as the pool judges it: a killed process loses its command line before the
+    # kernel marks it a zombie, so "gone from the listing" can come first.
+    for _ in range(600):
+        if not any(process_alive(pid) for pid in killed):
+            break
+        await asyncio.sleep(0.05)
     # Not "failed during the call": nothing reached the dead server, so nothing is uncertain.
     assert text(await call(tools, "t_bump", tmp_path)) == '{\n  "bumped": 1\n}'
     assert calls(tmp_path / "calls.txt") == ["read_note", "bump"]
