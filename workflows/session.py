@@ -340,7 +340,7 @@ class SessionWorkflow:
         except DrainFailure as failure:
             outcome = Outcome(type="failed", error=failure.error)
         except ActivityError as error:
-            if self.stopping and isinstance(error.cause, CancelledError):
+            if self.stopping and _stopped_by_interrupt(error, claimed=self.claim is not None):
                 # The interrupt cancelled an activity that was waiting (a claim held by another
                 # execution): that is the interrupt, not a failure.
                 outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
@@ -863,6 +863,16 @@ def _lost_reason(error: ActivityError) -> str:
         first = str(cause.message if isinstance(cause, ApplicationError) else cause).split(". ")[0]
         return f"Step interrupted by a database outage ({first[:300]})"
     return f"Step interrupted by a lost connection ({kind})"
+
+
+def _stopped_by_interrupt(error: ActivityError, *, claimed: bool) -> bool:
+    """Whether an activity's failure while an interrupt stops the drain is the interrupt: its
+    cancellation, or, before any claim was granted, the claim wait's last attempt (the server
+    stops retrying once a cancel is requested and reports that attempt's ``ClaimHeldError``)."""
+    cause = error.cause
+    if isinstance(cause, CancelledError):
+        return True
+    return not claimed and isinstance(cause, ApplicationError) and cause.type == "ClaimHeldError"
 
 
 def _activity_error(error: ActivityError) -> SessionError:

@@ -12,6 +12,7 @@ import psycopg
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateStage
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.runtime import Runtime
@@ -31,6 +32,7 @@ from tests.conftest import Target
 from tests.invariants import assert_clean, final_log
 from tests.workflows.harness import Harness, harness
 from tests.workflows.tools import Gate, registry
+from workflows.session import _stopped_by_interrupt
 
 
 async def _carried(h: Harness, store: Store, sid: str) -> DrainInput:
@@ -119,7 +121,7 @@ async def test_an_interrupt_while_waiting_for_the_claim_is_an_interrupt(
     )
     assert (await h.client.interrupt(sid)).status == "stopped"
     outcome = await asyncio.wait_for(joined.result(), 30)
-    assert (outcome.type, outcome.reason) == ("interrupted", "user")
+    assert (outcome.type, outcome.reason, outcome.error) == ("interrupted", "user", None)
     assert h.requests() == []
 
 
@@ -193,3 +195,28 @@ async def _handled_after_signal(handle: Any) -> bool:
 
 def _libpq(target: Target) -> str:
     return target.url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def test_a_claim_wait_ended_by_the_interrupt_is_the_interrupt_not_a_failure() -> None:
+    """Cancelling ``acquire_claim`` during an attempt: the server stops its retries and reports
+    that attempt's ``ClaimHeldError``, not a cancellation (seen once under load in CI)."""
+
+    def failed(cause: BaseException) -> ActivityError:
+        error = ActivityError(
+            "activity failed",
+            scheduled_event_id=1,
+            started_event_id=2,
+            identity="",
+            activity_type="acquire_claim",
+            activity_id="2",
+            retry_state=None,
+        )
+        error.__cause__ = cause
+        return error
+
+    held = failed(ApplicationError("claimed by exec_other", type="ClaimHeldError"))
+    assert _stopped_by_interrupt(held, claimed=False)
+    assert not _stopped_by_interrupt(held, claimed=True)
+    assert _stopped_by_interrupt(failed(CancelledError("cancelled")), claimed=True)
+    lost = failed(ApplicationError("claim lost", type="ClaimLostError"))
+    assert not _stopped_by_interrupt(lost, claimed=False)
