@@ -63,7 +63,8 @@ class Store(Writes):
     governor: Governor = field(init=False)  # the provider keys' shared capacity
 
     def __post_init__(self) -> None:
-        self.governor = Governor(self.db)
+        pipelined = self.writer if isinstance(self.writer, PostgresWriter) else None
+        self.governor = Governor(self.db, writer=pipelined)
 
     async def append(
         self,

@@ -19,11 +19,11 @@ import select
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -37,6 +37,7 @@ from store.write.allocation import allocation
 from store.write.fence import NOW, Fence, fence, fence_ctes
 
 IDLE = TransactionStatus.IDLE
+T = TypeVar("T")
 Connection = psycopg.AsyncConnection[Any]
 OnCommit = Callable[[], None]
 # The writer thread waits for another process's lock in slices, so a cancelled append it
@@ -635,8 +636,47 @@ class PostgresWriter:
 
         return await retry_conflicts(attempt) is not None
 
+    async def read_decide_write(
+        self,
+        reads: Sequence[tuple[Prepared, dict[str, Any]]],
+        decide: Callable[[list[list[tuple[Any, ...]]]], tuple[Sequence[Any], T]],
+    ) -> T:
+        """One transaction in two round trips: ``reads`` sent together (each its own statement,
+        so each sees what the ones before it locked), ``decide`` from their rows, then the
+        writes it returns, ``(Prepared, params)`` pairs, sent with the commit. Run again whole
+        after a conflict."""
+
+        async def attempt() -> T:
+            try:
+                async with self._pool.connection() as conn:
+                    return await settled(_read_decide_write(conn, reads, decide))
+            except psycopg.Error as error:
+                _raise_typed(error, [])
+
+        return await retry_conflicts(attempt)
+
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _read_decide_write(
+    conn: Connection,
+    reads: Sequence[tuple[Prepared, dict[str, Any]]],
+    decide: Callable[[list[list[tuple[Any, ...]]]], tuple[Sequence[Any], T]],
+) -> T:
+    async with conn.pipeline() as pipeline, conn.transaction():
+        cursors = [await _send(conn, statement, params) for statement, params in reads]
+        await pipeline.sync()
+        rows = [await cursor.fetchall() for cursor in cursors]
+        writes, result = decide(rows)
+        for statement, params in writes:
+            await _send(conn, statement, params)
+    return result
+
+
+async def _send(conn: Connection, statement: Prepared, params: dict[str, Any]) -> Any:
+    compiled = statement.compiled("postgresql")
+    return await conn.execute(compiled.sql, {**compiled.defaults, **params}, prepare=True)
 
 
 async def _settle(

@@ -35,6 +35,24 @@ async def test_a_holder_takes_one_slot_however_often_it_asks(store: Store) -> No
     assert (await g.state(KEY))["streams"] == 1
 
 
+async def test_an_earlier_requests_give_back_leaves_the_re_runs_slot(store: Store) -> None:
+    g = store.governor
+    limits = RateLimits(streams=1, tpm=10_000)
+    old = await g.take(KEY, "ses_a", 1000, limits)
+    await asyncio.sleep(0.002)  # the re-run's slot ends later: that tells the two apart
+    rerun = await g.take(KEY, "ses_a", 1000, limits)
+    assert isinstance(old, Grant) and isinstance(rerun, Grant)
+    assert rerun.expires_at != old.expires_at
+    await g.give_back(old, used=100)  # the lost attempt's give-back arrives late
+    state = await g.state(KEY)
+    assert (state["streams"], state["tokens"]) == (1, 2000)
+    assert isinstance(await g.take(KEY, "ses_b", 1, limits), Wait)
+    await g.give_back(rerun, used=400)
+    await g.give_back(rerun, used=400)  # given back twice (a retried activity): counted once
+    state = await g.state(KEY)
+    assert (state["streams"], state["tokens"]) == (0, 1400)
+
+
 async def test_requests_per_minute_wait_for_the_next_minute(store: Store) -> None:
     g = store.governor
     limits = RateLimits(rpm=3)
