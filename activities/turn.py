@@ -80,6 +80,19 @@ class _OverBudget(Exception):
         self.reached = reached
 
 
+def closes_key_for(result: TurnResult, backoff_ms: int) -> int | None:
+    """How long a turn's answer holds back every session of its provider key (ms), or None:
+    a 429, a 529 (overloaded) or any error with a ``Retry-After``, for that long, else for
+    the drain's own backoff."""
+    error = result.raw_error
+    if error is None:
+        return None
+    pushed_back = error.type == "provider.rate-limit" or error.status == 529
+    if pushed_back or result.retry_after_ms:
+        return result.retry_after_ms or backoff_ms
+    return None
+
+
 def _settles_itself(result: TurnResult) -> bool:
     """Does the step end with its turn? Not when tools are to run, nor when the workflow has
     more to do first: a retry, a compaction, a lost turn."""
@@ -205,10 +218,8 @@ class TurnActivities:
 
     async def _closed_by(self, grant: Grant, result: TurnResult) -> None:
         """A rate-limit answer holds back every session of the key, not only this one."""
-        error = result.raw_error
-        limited = error is not None and error.type == "provider.rate-limit"
-        if limited or (error is not None and result.retry_after_ms):
-            wait = result.retry_after_ms or self.rt.retry_backoff_ms
+        wait = closes_key_for(result, self.rt.retry_backoff_ms)
+        if wait is not None:
             await self.rt.store.governor.close(grant.key, wait)
 
     async def _settle(self, request: TurnInput, result: TurnResult) -> TurnResult:

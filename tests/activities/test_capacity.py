@@ -6,7 +6,9 @@ import pytest
 
 from activities.capacity import Capacity, parse_limits
 from activities.providers.settings import ProviderSettings
-from sessionflow.models.common import ModelRef
+from activities.turn import closes_key_for
+from sessionflow.models.common import ModelRef, SessionError
+from sessionflow.models.drain import TurnResult
 from store.governor import RateLimits
 
 ref = ModelRef.parse
@@ -46,3 +48,22 @@ def test_a_bad_setting_names_the_variable_and_the_part(text: str, named: str) ->
     with pytest.raises(ValueError) as raised:
         parse_limits(text)
     assert "SESSIONFLOW_RATE_LIMITS" in str(raised.value) and named in str(raised.value)
+
+
+def _answered(error: SessionError | None, retry_after_ms: int | None = None) -> TurnResult:
+    return TurnResult(
+        assistant_message_id="msg_a", step=1, raw_error=error, retry_after_ms=retry_after_ms
+    )
+
+
+def test_429_529_and_any_retry_after_close_the_key_for_every_session() -> None:
+    limited = SessionError(type="provider.rate-limit", message="slow down", status=429)
+    overloaded = SessionError(type="provider.internal", message="Overloaded", status=529)
+    broken = SessionError(type="provider.internal", message="Bad gateway", status=502)
+    assert closes_key_for(_answered(limited, 3000), 200) == 3000
+    assert closes_key_for(_answered(limited), 200) == 200
+    assert closes_key_for(_answered(overloaded), 200) == 200  # no Retry-After: the backoff
+    assert closes_key_for(_answered(overloaded, 1500), 200) == 1500
+    assert closes_key_for(_answered(broken, 700), 200) == 700
+    assert closes_key_for(_answered(broken), 200) is None  # one session's bad luck
+    assert closes_key_for(_answered(None), 200) is None
