@@ -26,6 +26,10 @@ RESTART_TEXT = (
 )
 BUDGET_MESSAGE = "Execution was interrupted repeatedly and will not be resumed automatically."
 LOST_STEP = SessionError(type="aborted", message="Step interrupted: its execution was lost")
+# A step a run that lost the claim left open (a Reset's old run), ended by the new owner's turn.
+ORPHANED_STEP = SessionError(
+    type="aborted", message="Step interrupted: another run of the session took it over"
+)
 
 
 def restart_message(session_id: str) -> ev.Synthetic:

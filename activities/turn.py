@@ -39,6 +39,7 @@ from activities.providers.errors import classify
 from activities.providers.limits import model_limits
 from activities.providers.prices import step_cost
 from activities.publisher import StreamProtocolError, TurnPublisher
+from activities.restart import ORPHANED_STEP, closing_events
 from activities.runtime import HEARTBEAT_SECONDS, Runtime, heartbeating, own, translated
 from activities.session import SessionActivities
 from activities.tools.base import ToolRegistry
@@ -56,7 +57,9 @@ from sessionflow.models.drain import (
     TurnResult,
     workflow_id,
 )
+from sessionflow.models.messages import AssistantMessage
 from sessionflow.models.spend import BudgetReached, token_total
+from store import projector
 from store.claims import Claim
 from store.db import Tx
 from store.facade import TurnView
@@ -272,7 +275,7 @@ class TurnActivities:
         store = self.rt.store
 
         async def at_once(snapshot: TurnSnapshot) -> Callable[[int], _Begun] | None:
-            if _promotes(request, snapshot.pending):
+            if _promotes(request, snapshot.pending) or _orphan(snapshot.basis) is not None:
                 return None
             session = snapshot.session
             agent, model, provider = await self._open(session, request)
@@ -289,6 +292,9 @@ class TurnActivities:
                 tx, claim.session_id, request.assistant_message_id
             )
             agent, model, provider = await self._open(session, request, tx)
+            orphan = _orphan(basis)
+            if orphan is not None:
+                await self._close_orphan(tx, claim.session_id, orphan)
             # Context changes come before what is promoted now: they happened before it.
             baseline, noted = self._reconciled(session)
             if noted:
@@ -317,6 +323,16 @@ class TurnActivities:
             phase=("unknown", request.assistant_message_id),
         )
         return begun
+
+    async def _close_orphan(self, tx: Tx, session_id: str, message_id: str) -> None:
+        """End the step of ``message_id``, which a run that no longer owns the claim started
+        and never ended (a Reset's old run, whose stream the new owner fenced out): its one
+        terminal, written before the new step's start would complete its message silently."""
+        store = self.rt.store
+        message = await projector.load_message(tx, session_id, message_id)
+        if isinstance(message, AssistantMessage):
+            closing = await closing_events(store, message, ORPHANED_STEP, tx)
+            await store.events.publish_many(closing, tx=tx)
 
     async def _open(
         self, session: SessionInfo, request: TurnInput, tx: Tx | None = None
@@ -400,6 +416,14 @@ class TurnActivities:
             tool_choice="none" if last_step else None,
             prompt_cache_key=prompt_cache_key(claim.session_id),
         )
+
+
+def _orphan(basis: StepBasis) -> str | None:
+    """The step a new step would leave without a terminal: the latest assistant message, never
+    completed, when this step's own message does not exist yet (a retry re-announces its own).
+    Only a run that lost the claim leaves one (a Reset's old run: its attempts' message ids are
+    drawn again by the new run): every other loss is closed by the recovery (``restart``)."""
+    return None if basis.exists else projector.superseded(basis.latest)
 
 
 def _promotes(request: TurnInput, pending: Pending) -> bool:

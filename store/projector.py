@@ -658,10 +658,16 @@ def step_message(event: ev.StepStarted, seq: int, created: int) -> AssistantMess
 def supersedes(latest: str | None) -> bool:
     """Whether a new step would complete the latest assistant message, from that message's own
     row (``data``; None without one): it never completed."""
+    return superseded(latest) is not None
+
+
+def superseded(latest: str | None) -> str | None:
+    """The id of the latest assistant message (its own row, ``data``; None without one) when a
+    new step would complete it: it never completed, so it has no terminal event yet."""
     if latest is None:
-        return False
+        return None
     head = codec.load_model(MESSAGE_ADAPTER, latest)
-    return isinstance(head, AssistantMessage) and _incomplete(head)
+    return head.id if isinstance(head, AssistantMessage) and _incomplete(head) else None
 
 
 async def _step_opening(

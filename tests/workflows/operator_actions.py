@@ -12,10 +12,11 @@ from temporalio.client import Client
 
 async def reset_workflow(client: Client, workflow_id: str, *, to: str) -> str:
     """Reset the workflow's running run to a completed workflow task, as the UI offers
-    (``to``: ``first``, ``last``, or ``middle``: the first one after an activity completed);
-    returns the new run's id."""
-    if to not in ("first", "last", "middle"):
-        raise ValueError(f"reset to first, last or middle, not {to!r}")
+    (``to``: ``first``, ``last``, ``middle``: the first one after an activity completed, or
+    ``streaming``: the one that scheduled the latest model turn, which the reset run then runs
+    again); returns the new run's id."""
+    if to not in ("first", "last", "middle", "streaming"):
+        raise ValueError(f"reset to first, last, middle or streaming, not {to!r}")
     handle = client.get_workflow_handle(workflow_id)
     history = await handle.fetch_history()
     completed = [
@@ -30,6 +31,14 @@ async def reset_workflow(client: Client, workflow_id: str, *, to: str) -> str:
             if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
         )
         completed = [next(event_id for event_id in completed if event_id > done)]
+    if to == "streaming":
+        turn = max(
+            e.event_id
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "stream_turn"
+        )
+        completed = [max(event_id for event_id in completed if event_id < turn)]
     run_id = (await handle.describe()).run_id
     answer = await client.workflow_service.reset_workflow_execution(
         ResetWorkflowExecutionRequest(

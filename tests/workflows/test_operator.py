@@ -249,13 +249,67 @@ async def test_a_reset_to_a_task_in_the_middle_of_a_busy_period_goes_on(h: Harne
         [{"text": "second step again "}, {"wait_for_file": held}, {"text": "done"}],
     )
     await h.client.prompt(sid, "Go")
-    await h.until(lambda: len(h.requests()) == 2, timeout=30)  # step 2 streams
+    await _step_two_streams(h, sid)
     await reset(h, sid, to="middle")
     h.open_gate("held")
     await h.client.wait_idle(sid, timeout=60)
     types = await h.types(sid)
     assert "session.execution.failed" not in types and types[-1] == "session.execution.succeeded"
     assert [m.finish for m in await h.messages(sid) if m.type == "assistant"][-1] == "stop"
+
+
+async def test_a_reset_that_runs_a_streaming_steps_start_again_ends_the_old_step(
+    h: Harness,
+) -> None:
+    """The reset run runs again the workflow task that scheduled the turn now streaming, so it
+    draws the step's message id again: its turn ends the old run's step, which that run's
+    fenced stream can no longer end, with one ``step.failed`` before its own step starts (the
+    harness's invariant check: one terminal per started step)."""
+    held, again = h.gate_file("held"), h.gate_file("again")
+    sid = await h.session(
+        [call("c1", "echo", text="hi")],
+        [{"text": "second step "}, {"wait_for_file": held}, {"text": "done"}],
+        [{"text": "second step again "}, {"wait_for_file": again}, {"text": "done"}],
+    )
+    await h.client.prompt(sid, "Go")
+    old = await _step_two_streams(h, sid)
+    await reset(h, sid, to="streaming")
+    await h.until(lambda: _steps_started(h, sid, 3), timeout=30)  # the reset run's step
+    h.open_gate("held")  # the old run's stream goes on, fenced out
+    h.open_gate("again")
+    await h.client.wait_idle(sid, timeout=60)
+    assistants = [m for m in await h.messages(sid) if m.type == "assistant"]
+    orphan = next(m for m in assistants if m.id == old)
+    assert orphan.error is not None and "another run" in orphan.error.message
+    assert _text(orphan) == "second step "  # what its stream made durable is kept
+    assert assistants[-1].id != old and assistants[-1].finish == "stop"
+    events = await h.events(sid)
+    failed = [e.seq for e in events if e.type == "session.step.failed"]
+    started = [e.seq for e in events if e.type == "session.step.started"]
+    assert len(failed) == 1 and started[-1] > failed[0]  # ended before the new step began
+
+
+async def _steps_started(h: Harness, sid: str, count: int) -> bool:
+    return (await h.types(sid)).count("session.step.started") >= count
+
+
+async def _step_two_streams(h: Harness, sid: str) -> str:
+    """Wait until step 2's stream has made its start and its first text durable; its message
+    id."""
+
+    async def streaming() -> str | None:
+        events = await h.events(sid)
+        starts = [e for e in events if e.type == "session.step.started"]
+        if len(starts) < 2:
+            return None
+        mid: str = starts[1].data["assistant_message_id"]
+        text = [e for e in events if e.type == "session.text.delta"]
+        return mid if any(e.data["assistant_message_id"] == mid for e in text) else None
+
+    await h.until(streaming, timeout=30)
+    found = await streaming()
+    assert found is not None
+    return found
 
 
 class _AttemptDies(BaseException):
