@@ -29,7 +29,7 @@ from temporalio import activity
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
-from activities.gate import HOLD_MS, still_waiting
+from activities.gate import HOLD_MS
 from activities.runtime import through_outages
 from activities.tools.base import ToolOutput
 from activities.tools.task import (
@@ -117,9 +117,10 @@ class ChildCalls:
         if problem is not None:
             return await self.fail(problem)
         assert agent is not None
-        child = await self._child(task, agent)
-        if isinstance(child, str):
-            return await self.fail(child)
+        found = await self._child(task, agent)
+        if isinstance(found, str):
+            return await self.fail(found)
+        child, created = found
         wait = ChildWait(
             session_id=child.id,
             agent=agent.name,
@@ -133,15 +134,21 @@ class ChildCalls:
             lambda: self.store.inputs.admit(child.id, task.prompt, input_id=prompt_id),
             within_ms=self.claim.lease_ms,
         )
-        if not wait.background:
+        if not wait.background and not created:
             # An earlier run of the parent started the child, which has answered since
             # (its signal found nobody waiting): settle now, never wait for a signal gone.
             done = await answered(self.store, child.id, prompt_id)
             if done is not None:
                 return await self._collect(wait, done)
-        await self._link(wait)
+        drain = start_drain(child.id, WakeSignal(input_id=prompt_id), child_summary(wait))
         try:
-            await start_drain(child.id, WakeSignal(input_id=prompt_id), child_summary(wait))
+            if wait.background:
+                # Settled before the child starts: its report then finds the call answered
+                # with the child's id, and admits the result as a message.
+                await self._link(wait)
+                await drain
+            else:  # a waiting call is found by its child's report, linked or not yet
+                await asyncio.gather(self._link(wait), drain)
         except asyncio.CancelledError:
             # The parent was interrupted while the child's drain started (or not): it must
             # not run on unseen by the parent, which never learns its id.
@@ -176,9 +183,10 @@ class ChildCalls:
             )
         return agent, None
 
-    async def _child(self, task: TaskInput, agent: Agent) -> SessionInfo | str:
-        """The call's child session, created unless an earlier attempt did; a message when
-        ``task_id`` names a session that is not a child of this one."""
+    async def _child(self, task: TaskInput, agent: Agent) -> tuple[SessionInfo, bool] | str:
+        """The call's child session, created unless an earlier attempt did, and whether this
+        attempt created it; a message when ``task_id`` names a session that is not a child of
+        this one."""
         sessions = self.store.sessions
         if task.task_id is not None:
             try:
@@ -187,12 +195,8 @@ class ChildCalls:
                 child = None
             if child is None or child.parent_id != self.session.id:
                 return f"No task {task.task_id!r} of this session to continue"
-            return child
+            return child, False
         sid = child_session_id(self.session.id, self.run.assistant_message_id, self.run.call_id)
-        try:
-            return await sessions.get(sid)
-        except SessionNotFoundError:
-            pass
         settings = {k: self.session.settings[k] for k in INHERITED if k in self.session.settings}
         settings["task"] = {
             "assistant_message_id": self.run.assistant_message_id,
@@ -202,7 +206,7 @@ class ChildCalls:
             "description": task.description,
         }
         try:
-            return await sessions.create(
+            created = await sessions.create(
                 self.session.directory,
                 session_id=sid,
                 title=f"{task.description} (@{agent.name} subagent)",
@@ -214,8 +218,9 @@ class ChildCalls:
                 host=self.session.host,  # the same workspace, on the same host
                 observed=self.session.settings.get("observed"),
             )
-        except InvalidDurableEventError:  # a concurrent attempt created it first
-            return await sessions.get(sid)
+        except InvalidDurableEventError:  # an earlier or a concurrent attempt created it
+            return await sessions.get(sid), False
+        return created, True
 
     async def _link(self, wait: ChildWait) -> None:
         """Name the child on the call; a foreground call holds the claim while it waits (no
@@ -273,18 +278,8 @@ class ChildCalls:
         return await self._settle(*await result_of(self.store, wait, finished))
 
     async def _settle(self, error: SessionError | None, output: Any) -> ToolOutcome:
-        """The settlement, and the ordinary lease back once no call of the step waits."""
-        outcome = await self.tools._settle(self.claim, self.run, error, output=output)
-
-        async def lease(tx: Any) -> None:
-            if not await still_waiting(tx, self.claim.session_id, self.run.assistant_message_id):
-                await self.store.claims.lease_again(tx, self.claim)
-
-        await through_outages(
-            lambda: self.store.claims.run_fenced(self.claim, lease, run=self.run),
-            within_ms=self.claim.lease_ms,
-        )
-        return outcome
+        """The settlement, with the ordinary lease back once no call of the step waits."""
+        return await self.tools._settle(self.claim, self.run, error, output=output, held=True)
 
 
 TERMINALS = (ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted)
@@ -416,19 +411,35 @@ def child_summary(wait: ChildWait) -> str:
 
 
 async def report(store: Any, request: ReportInput) -> None:
-    """A child's busy period ended (its terminal is written): tell the parent, for every
-    call of the parent this busy period answered, as the store says. A call that waits gets
-    a ``child_finished`` signal, a hint (it settles from the store); a call nobody waits
-    for (a background task, or a call its parent's recovery closed while the child ran on)
-    gets the answer as a message of the parent (once per call), which wakes it, idle or not.
-    A child its parent interrupted says nothing back: the parent stopped on purpose."""
+    """A child's busy period ended (its terminal is written): tell the parent. Its drain, if
+    one runs, gets a ``child_finished`` signal, a hint (a call that waits settles from the
+    store); a call of the parent this busy period answered that nobody waits for (a
+    background task, or a call its parent's recovery closed while the child ran on) gets the
+    answer as a message of the parent (once per call, as the store says), which wakes it,
+    idle or not. A child its parent interrupted says nothing back: the parent stopped on
+    purpose."""
     parent_id, child_id = request.parent.session_id, request.child_session_id
-    waiting = False
+    finished = ChildFinished(
+        child_session_id=child_id, outcome=request.outcome, error=request.error
+    )
+    # Sent at once, before the parent's calls are read: a hint costs a call that does not
+    # wait nothing (it settles from the store), and the one that waits is told sooner.
+    told = asyncio.create_task(_tell(parent_id, finished))
+    try:
+        admitted = await _unanswered(store, parent_id, child_id)
+    finally:
+        await told
+    for input_id in admitted:
+        await start_drain(parent_id, WakeSignal(input_id=input_id), f"session {parent_id}")
+
+
+async def _unanswered(store: Any, parent_id: str, child_id: str) -> list[str]:
+    """Admit, as messages of the parent, the answers of its calls that nobody waits for; the
+    ids of the inputs admitted (now or by an earlier report)."""
     admitted: list[str] = []
     for message_id, part in await _calls_of(store, parent_id, child_id):
         if not part.settled:
-            waiting = True  # its settlement reads the store, whatever this end was
-            continue
+            continue  # it waits: its settlement reads the store, whatever this end was
         prompt_id = prompt_input_id(child_id, message_id, part.call_id)
         done = await answered(store, child_id, prompt_id)
         if done is None:
@@ -442,17 +453,16 @@ async def report(store: Any, request: ReportInput) -> None:
                 parent_id, Prompt(text=text), input_id=input_id, delivery="queue"
             )
         admitted.append(input_id)
-    if waiting:
-        finished = ChildFinished(
-            child_session_id=child_id, outcome=request.outcome, error=request.error
-        )
-        try:
-            handle = activity.client().get_workflow_handle(workflow_id(parent_id))
-            await handle.signal("child_finished", finished)
-        except RPCError as gone:  # no drain runs: the parent's recovery reads the store
-            activity.logger.info("Parent %s not signalled: %s", parent_id, gone)
-    for input_id in admitted:
-        await start_drain(parent_id, WakeSignal(input_id=input_id), f"session {parent_id}")
+    return admitted
+
+
+async def _tell(parent_id: str, finished: ChildFinished) -> None:
+    """The ``child_finished`` signal to the parent's drain, if one runs."""
+    try:
+        handle = activity.client().get_workflow_handle(workflow_id(parent_id))
+        await handle.signal("child_finished", finished)
+    except RPCError as gone:  # no drain runs: the parent's recovery reads the store
+        activity.logger.info("Parent %s not signalled: %s", parent_id, gone)
 
 
 async def _calls_of(store: Any, parent_id: str, child_id: str) -> list[tuple[str, ToolPart]]:

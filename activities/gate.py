@@ -24,10 +24,10 @@ from sessionflow.agents import UnknownAgentError
 from sessionflow.models import events as ev
 from sessionflow.models.common import SessionError
 from sessionflow.models.drain import ToolOutcome
-from sessionflow.models.messages import AssistantMessage, ToolPart, ToolRunning
+from sessionflow.models.messages import ToolPart, ToolRunning
 from sessionflow.models.permissions import PermissionReply, PermissionRequest, Rule
 from store.claims import Claim
-from store.projector import load_message
+from store.projector import step_waits
 from store.sessions import SessionInfo
 from store.tool_runs import ToolAttempt
 
@@ -141,23 +141,10 @@ class Gate:
 
         async def record(tx: Any) -> None:
             await store.events.publish(event, id=f"evt_{asked.request_id}_replied", tx=tx)
-            if not await still_waiting(tx, self.claim.session_id, asked.assistant_message_id):
+            if not await step_waits(tx, self.claim.session_id, asked.assistant_message_id):
                 await store.claims.lease_again(tx, self.claim)
 
         await store.claims.run_fenced(self.claim, record, run=self.run)  # again after a conflict
 
     async def _fail(self, error: SessionError) -> ToolOutcome:
         return await self.tools._settle(self.claim, self.run, error=error)
-
-
-async def still_waiting(tx: Any, session_id: str, assistant_message_id: str) -> bool:
-    """Whether a call of the step still waits: for an answer, or for its child session."""
-    message = await load_message(tx, session_id, assistant_message_id)
-    if not isinstance(message, AssistantMessage):
-        return False
-    return any(
-        isinstance(p, ToolPart)
-        and isinstance(p.state, ToolRunning)
-        and (p.state.asked is not None or "child" in p.state.structured)
-        for p in message.content
-    )

@@ -235,12 +235,14 @@ class ToolActivities:
         output: ToolOutput | None = None,
         before: StoredPart | None = None,
         observed: ev.WorkspaceObserved | None = None,
+        held: bool = False,
     ) -> ToolOutcome:
         """Settle the call once, by its latest attempt: a retry after a commit cut off finds
         it settled and answers what settled it. From ``before`` (the part as read when the call
         began) the store writes it at once where it can, else it decides again from the part
         as its fenced transaction reads it (a part that moved: progress, an answer, another
-        settlement)."""
+        settlement). ``held``: the call held the claim while it waited (for its child): the
+        same write puts the claim back on its lease once no call of the step waits."""
         event = _settlement(run, error, output).model_copy(update={"host": self.rt.host})
         outcome = _settled_outcome(run, error)
 
@@ -251,10 +253,12 @@ class ToolActivities:
         if todos:
             outcome = outcome.model_copy(update={"todos": todos[-1]})
 
+        lease_after = run.assistant_message_id if held else None
+
         def decide(part: ToolPart | None) -> Decision[ToolOutcome]:
             if part is not None and part.settled:
-                return Decision(_outcome(part))
-            return Decision(outcome, written)
+                return Decision(_outcome(part), lease_after=lease_after)
+            return Decision(outcome, written, lease_after=lease_after)
 
         async def settle() -> ToolOutcome:
             return await self.rt.store.settle_with(claim, run, before, decide)

@@ -388,6 +388,20 @@ async def load_message(tx: Tx, session_id: str, message_id: str) -> Any:
     return message
 
 
+async def step_waits(tx: Tx, session_id: str, assistant_message_id: str) -> bool:
+    """Whether a call of the step still waits, as this transaction sees it: for a person's
+    answer, or for its child session (either held the claim past its lease)."""
+    message = await load_message(tx, session_id, assistant_message_id)
+    if not isinstance(message, AssistantMessage):
+        return False
+    return any(
+        isinstance(p, ToolPart)
+        and isinstance(p.state, ToolRunning)
+        and (p.state.asked is not None or "child" in p.state.structured)
+        for p in message.content
+    )
+
+
 async def _latest_assistant(
     tx: Tx, session_id: str, changes: Callable[[AssistantMessage], bool]
 ) -> AssistantMessage | None:

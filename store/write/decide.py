@@ -33,19 +33,22 @@ class Decision(Generic[R]):
     """A decided write, as a value: the answer the decision gives (``result``), the events it
     appends (each with a fixed id when given as ``(event, id)``), the phase recorded with them
     for ``phase_of`` (None: none), how long the claim must at least live (``hold_until``,
-    epoch ms), and whether the answer also wants what waits to be promoted (``wants_waiting``,
-    read in the same write)."""
+    epoch ms), the step (an assistant message id) whose waiting calls held the claim and which,
+    once none of them waits, puts it back on its ordinary lease (``lease_after``), and whether
+    the answer also wants what waits to be promoted (``wants_waiting``, read in the same
+    write)."""
 
     result: R
     events: Sequence[Event | tuple[Event, str]] = ()
     phase: Phase | None = None
     phase_of: str | None = None
     hold_until: int | None = None
+    lease_after: str | None = None
     wants_waiting: bool = False
 
     @property
     def writes(self) -> bool:
-        return bool(self.events) or self.phase is not None
+        return bool(self.events) or self.phase is not None or self.lease_after is not None
 
 
 @dataclass(frozen=True)

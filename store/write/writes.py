@@ -150,7 +150,7 @@ class Writes:
                 return None
             decision = decide(snapshot.message)
             fresh = [event for event in decision.events if not isinstance(event, tuple)]
-            if decision.phase is None or decision.hold_until is not None:
+            if decision.phase is None or decision.hold_until is not None or decision.lease_after:
                 return None
             if len(fresh) < len(decision.events):
                 return None  # events with fixed ids, to look up first
@@ -191,7 +191,7 @@ class Writes:
             if len(decision.events) != 1 or decision.phase is not None:
                 return None
             (event,) = decision.events
-            if not isinstance(event, ToolEvent):
+            if not isinstance(event, ToolEvent) or decision.lease_after is not None:
                 return None
             if await self.settle_call(claim, run, event, before) is None:
                 return None
@@ -219,6 +219,9 @@ class Writes:
             await self.claims.record_phase(tx, claim, decision.phase, decision.phase_of)
         if decision.hold_until is not None:
             await self.claims.extend_until(tx, claim, decision.hold_until)
+        step = decision.lease_after
+        if step is not None and not await projector.step_waits(tx, claim.session_id, step):
+            await self.claims.lease_again(tx, claim)
         if not decision.wants_waiting:
             return None
         return await self.inputs.waiting(claim.session_id, tx=tx)

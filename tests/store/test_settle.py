@@ -93,3 +93,37 @@ async def test_a_fenced_out_settlement_writes_nothing(store: Store) -> None:
     assert await seqs(store, claim.session_id) == log
     part = await store.sessions.tool_part(claim.session_id, run.assistant_message_id, "c")
     assert part == before.part
+
+
+async def test_a_held_calls_settlement_puts_the_claim_back_on_its_lease_once_no_call_waits(
+    store: Store,
+) -> None:
+    """A call that waited on its child held the claim past its lease; its settlement with
+    ``lease_after`` (one fenced write) ends the hold only when no other call of the step
+    still waits on a child, and the last one's does."""
+    from store.write.decide import Decision
+    from tests.store.helpers import rows
+
+    claim, run, _ = await called(store)
+    sid, mid = claim.session_id, run.assistant_message_id
+    other = ev.ToolCalled(session_id=sid, assistant_message_id=mid, call_id="d", name="t", input={})
+    await store.append(claim, [other])
+    for call_id in ("c", "d"):  # both wait on a child, holding the claim for an hour
+        linked = ev.ToolProgress(
+            session_id=sid, assistant_message_id=mid, call_id=call_id, structured={"child": {}}
+        )
+        await store.append(claim, [linked])
+    hold = claim.expires_at + 3_600_000
+    await store.claims.run_fenced(claim, lambda tx: store.claims.extend_until(tx, claim, hold))
+
+    async def settle(attempt: ToolAttempt) -> int:
+        def decide(_part: object) -> Decision[None]:
+            return Decision(None, [succeeded(attempt)], lease_after=mid)
+
+        await store.settle_with(claim, attempt, None, decide)
+        ((expires,),) = await rows(store, "SELECT expires_at FROM session_execution")
+        return int(expires)
+
+    assert await settle(run) == hold  # "d" still waits on its child
+    back = await settle(ToolAttempt(sid, claim.execution_id, mid, "d", 1))
+    assert back < hold and back <= claim.expires_at + 60_000  # a lease from now, not an hour
