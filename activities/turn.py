@@ -294,7 +294,7 @@ class TurnActivities:
             agent, model, provider = await self._open(session, request, tx)
             orphan = _orphan(basis)
             if orphan is not None:
-                await self._close_orphan(tx, claim.session_id, orphan)
+                await self._close_orphan(tx, claim, orphan)
             # Context changes come before what is promoted now: they happened before it.
             baseline, noted = self._reconciled(session)
             if noted:
@@ -324,15 +324,23 @@ class TurnActivities:
         )
         return begun
 
-    async def _close_orphan(self, tx: Tx, session_id: str, message_id: str) -> None:
-        """End the step of ``message_id``, which a run that no longer owns the claim started
-        and never ended (a Reset's old run, whose stream the new owner fenced out): its one
-        terminal, written before the new step's start would complete its message silently."""
+    async def _close_orphan(self, tx: Tx, claim: Claim, message_id: str) -> None:
+        """End the step of ``message_id`` if a run of this very execution that no longer owns
+        the claim started it and never ended it (a Reset's old run, whose stream the new owner
+        fenced out): its one terminal, written before the new step's start would complete its
+        message silently. A step of another execution is left as the reference leaves it (a
+        dead execution's own is closed by its recovery)."""
         store = self.rt.store
-        message = await projector.load_message(tx, session_id, message_id)
-        if isinstance(message, AssistantMessage):
-            closing = await closing_events(store, message, ORPHANED_STEP, tx)
-            await store.events.publish_many(closing, tx=tx)
+        message = await projector.load_message(tx, claim.session_id, message_id)
+        if not isinstance(message, AssistantMessage):
+            return
+        started = await store.events.first_of(
+            claim.session_id, [ev.StepStarted], after=message.seq - 1, tx=tx
+        )
+        if started is None or started.execution_id != claim.execution_id:
+            return
+        closing = await closing_events(store, message, ORPHANED_STEP, tx)
+        await store.events.publish_many(closing, tx=tx)
 
     async def _open(
         self, session: SessionInfo, request: TurnInput, tx: Tx | None = None
