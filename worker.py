@@ -35,6 +35,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.capacity import Capacity
 from activities.compact import CompactionActivities
 from activities.hosts import HostActivities, HostLease
+from activities.rewind import RewindActivities
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
 from activities.sweep import SweepActivities
@@ -180,6 +181,7 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         turn.stream_turn,
         CompactionActivities(runtime).compact,
         tools.run_tool,
+        RewindActivities(runtime).revert_workspace,
     ]
 
 
@@ -271,12 +273,17 @@ def build_worker(
         queue = tool_queue(task_queue, host)
         if host != LOCAL_HOST:
             tools_worker, checks = ToolActivities(runtime), HostActivities(runtime)
+            rewind = RewindActivities(runtime)
             workers.append(
                 Worker(
                     client,
                     task_queue=queue,
                     workflows=[WorkspaceCheck],
-                    activities=[tools_worker.run_tool, checks.check_workspace],
+                    activities=[
+                        tools_worker.run_tool,
+                        checks.check_workspace,
+                        rewind.revert_workspace,
+                    ],
                     **common,
                 )
             )

@@ -22,6 +22,7 @@ from activities.tools.todo import render as render_todos
 from sessionflow.models import events as ev
 from sessionflow.models.common import CompactionSettings, Limits, ModelRef, SessionError
 from sessionflow.models.drain import CompactInput, CompactResult
+from sessionflow.models.journal import visible
 from sessionflow.models.messages import CompactionMessage
 from store.claims import Claim
 from store.projector import load_message
@@ -64,7 +65,8 @@ class CompactionActivities:
     ) -> CompactResult:
         settings = CompactionSettings.model_validate(session.settings.get("compaction") or {})
         limits = model_limits(model)
-        history = current_history(await self.rt.store.sessions.messages(claim.session_id))
+        messages = await self.rt.store.sessions.messages(claim.session_id)
+        history = current_history(visible(messages, session.settings))
         previous, head, tail = c.split(history, model, c.keep_tokens(limits, settings))
         if not head:
             return await self._not_compacted(claim, request, "nothing to summarize")

@@ -12,6 +12,7 @@ instead of running twice; the model reads that and decides. If no earlier attemp
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,13 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import context, journal
 from activities.children import ChildCalls, child_summary, start_drain
 from activities.gate import Gate
 from activities.hosts import instructions
 from activities.runtime import Runtime, heartbeating, own, through_outages, translated
 from activities.tools.base import PermissionRejected, ToolContext, ToolFailure, ToolOutput
+from activities.tools.settings import ToolSettings
 from activities.tools.task import Task, prompt_input_id
 from sessionflow import telemetry
 from sessionflow.errors import ClaimLostError
@@ -80,7 +83,7 @@ class ToolActivities:
                 await _start_in_background(part, claim.session_id, request.assistant_message_id)
                 return _outcome(part)
             if request.child is None and not self.rt.runs_tools_of(session):
-                raise _not_this_host(self.rt.host, session.host)
+                raise not_this_host(self.rt.host, session.host)
             try:
                 tool = await self.rt.tool_for(session, request.name)
             except ToolFailure as unavailable:  # an MCP server that cannot start
@@ -171,7 +174,9 @@ class ToolActivities:
         )
         try:
             tool_input = tool.input_model.model_validate(getattr(part.state, "input", {}))
+            before = await self._before(session, tool, tool_input)
             output: ToolOutput = await tool.execute(tool_input, context)
+            output = await self._journaled(session, run, tool, before, output)
         except (asyncio.CancelledError, ClaimLostError):
             raise  # stopped, or fenced out (a later attempt took the call): settle nothing
         except ValidationError as invalid:
@@ -189,6 +194,48 @@ class ToolActivities:
             return await self._settle(claim, run, failure, before=stored)
         observed = self._observed(session, tool)
         return await self._settle(claim, run, output=output, before=stored, observed=observed)
+
+    async def _before(
+        self, session: SessionInfo, tool: Any, tool_input: Any
+    ) -> dict[str, journal.Seen] | None:
+        """What the paths the call names hold before it runs; None for a tool that changes
+        nothing (the journal then reads nothing after it either)."""
+        if tool.retry_safe:
+            return None
+        settings = _settings_of(tool, self.rt)
+        paths = tool.touches(tool_input)
+        if not paths:
+            return {}
+        return await asyncio.to_thread(journal.capture, session.directory, settings, paths)
+
+    async def _journaled(
+        self,
+        session: SessionInfo,
+        run: ToolAttempt,
+        tool: Any,
+        before: dict[str, journal.Seen] | None,
+        output: ToolOutput,
+    ) -> ToolOutput:
+        """``output`` with its ``session.files.changed`` entry (the journal), its contents kept
+        first (a blob no settlement names costs only space)."""
+        if before is None or not (before or output.output_paths):
+            return output
+        settings = _settings_of(tool, self.rt)
+        found, kept = await asyncio.to_thread(
+            journal.changes, session.directory, settings, before, output
+        )
+        if not found:
+            return output
+        await through_outages(
+            lambda: self.rt.store.blobs.put_many(kept), within_ms=self.rt.store.claims.lease_ms
+        )
+        entry = ev.FilesChanged(
+            session_id=run.session_id,
+            assistant_message_id=run.assistant_message_id,
+            call_id=run.call_id,
+            changes=tuple(found),
+        )
+        return replace(output, events=(*output.events, entry))
 
     def _observed(self, session: SessionInfo, tool: Any) -> ev.WorkspaceObserved | None:
         """On a named host, the workspace's instruction files when a call that may write
@@ -279,6 +326,12 @@ class ToolActivities:
         await store.claims.run_fenced(claim, lambda tx: store.events.publish(event, tx=tx), run=run)
 
 
+def _settings_of(tool: Any, rt: Runtime) -> ToolSettings:
+    """The confinement ``tool`` applies (a built-in's own), else the read tool's."""
+    settings = getattr(tool, "settings", None)
+    return settings if isinstance(settings, ToolSettings) else context.tool_settings(rt.tools)
+
+
 def _settlement(
     run: ToolAttempt, error: SessionError | None, output: ToolOutput | None
 ) -> ev.ToolSucceeded | ev.ToolFailed:
@@ -307,7 +360,7 @@ def _settled_outcome(run: ToolAttempt, error: SessionError | None) -> ToolOutcom
     return ToolOutcome(call_id=run.call_id, status="completed")
 
 
-def _not_this_host(ours: str | None, theirs: str) -> ApplicationError:
+def not_this_host(ours: str | None, theirs: str) -> ApplicationError:
     """A call that reached a worker of another host (or one that runs no tools): nothing ran;
     Temporal hands the attempt to another worker of the queue."""
     worker = f"host {ours}" if ours else "no host (it runs turns only)"

@@ -57,6 +57,7 @@ from sessionflow.models.drain import (
     TurnResult,
     workflow_id,
 )
+from sessionflow.models.journal import hidden_range, visible
 from sessionflow.models.messages import AssistantMessage
 from sessionflow.models.spend import BudgetReached, token_total
 from store import projector
@@ -249,7 +250,8 @@ class TurnActivities:
         limits = model_limits(session.model)
         if limits is None:
             return False
-        history = current_history(await store.sessions.messages(session.id, tx=tx))
+        messages = await store.sessions.messages(session.id, tx=tx)
+        history = current_history(visible(messages, session.settings))
         added = ""
         if request.promotion is not None:  # what the promotion is about to add, at most
             pending = await store.inputs.pending(session.id, tx=tx)
@@ -301,6 +303,8 @@ class TurnActivities:
                 await store.events.publish_many(noted, tx=tx)
             # Only what the opening read says waits (nothing is promoted behind a compaction).
             if request.promotion is not None and not pending.compaction:
+                if _promotes(request, pending):
+                    await _commit_revert(store, session, tx)
                 promoted = 0
                 if request.promotion == "queue" and pending.queue:
                     promoted += int(await store.inputs.promote_next_queued(tx, claim.session_id))
@@ -405,7 +409,10 @@ class TurnActivities:
         hidden: frozenset[str],
     ) -> p.ProviderRequest:
         messages = to_request_messages(
-            current_history(await self.rt.store.sessions.messages(claim.session_id)), model
+            current_history(
+                visible(await self.rt.store.sessions.messages(claim.session_id), session.settings)
+            ),
+            model,
         )
         if last_step:
             messages.append(
@@ -424,6 +431,20 @@ class TurnActivities:
             tool_choice="none" if last_step else None,
             prompt_cache_key=prompt_cache_key(claim.session_id),
         )
+
+
+async def _commit_revert(store: Any, session: SessionInfo, tx: Tx) -> None:
+    """A prompt after a revert makes it permanent: the messages it hid are dropped from
+    history (reference: a revert is committed by the next prompt), in the opening's write."""
+    hidden = hidden_range(session.settings)
+    revert = session.settings.get("revert")
+    if hidden is not None and isinstance(revert, dict):
+        committed = ev.RevertCommitted(
+            session_id=session.id,
+            message_id=str(revert.get("message_id")),
+            boundary_seq=hidden[0],
+        )
+        await store.events.publish(committed, tx=tx)
 
 
 def _orphan(basis: StepBasis) -> str | None:

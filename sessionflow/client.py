@@ -67,10 +67,12 @@ from sessionflow.models.drain import (
     InterruptResult,
     Outcome,
     ResumeRequest,
+    RevertRequest,
     WakeSignal,
     workflow_id,
 )
 from sessionflow.models.events import AgentSelected
+from sessionflow.models.journal import RevertPlan, visible
 from sessionflow.models.messages import AssistantMessage, Message, ToolPart, ToolRunning
 from sessionflow.models.permissions import (
     Decision,
@@ -430,9 +432,73 @@ class SessionClient:
         latest = max((e for e in ended if e is not None), key=lambda e: e.seq, default=None)
         return latest.data.type.rsplit(".", 1)[-1] if latest is not None else None
 
-    async def messages(self, session_id: str) -> list[Message]:
-        await self.store.sessions.get(session_id)  # unknown sessions are an error, not empty
-        return await self.store.sessions.messages(session_id)
+    async def messages(self, session_id: str, *, hidden: bool = False) -> list[Message]:
+        """The session's messages; those a staged revert hides only with ``hidden``."""
+        info = await self.store.sessions.get(session_id)  # unknown: an error, not empty
+        messages = await self.store.sessions.messages(session_id)
+        return messages if hidden else visible(messages, info.settings)
+
+    # --- rewind ---------------------------------------------------------------------------------
+
+    async def revert(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        dry_run: bool = False,
+        force: Sequence[str] = (),
+    ) -> RevertPlan:
+        """Put the session's workspace and conversation back to ``message_id`` (the last
+        message kept): the files the calls after it changed are restored (created ones
+        deleted) and the later messages hidden, until ``unrevert`` or the next prompt (which
+        makes it permanent). Between busy periods only. A path changed since by someone else,
+        or whose earlier content the journal lacks, refuses the whole revert (``refusals``)
+        unless named in ``force``; ``dry_run`` only says what would happen."""
+        request = RevertRequest(
+            request_id=f"revert-{uuid.uuid4()}",
+            message_id=message_id,
+            dry_run=dry_run,
+            force=tuple(force),
+        )
+        return await self._revert(session_id, request)
+
+    async def unrevert(self, session_id: str, *, force: Sequence[str] = ()) -> RevertPlan:
+        """Undo the last revert while no prompt came after it (files and messages)."""
+        request = RevertRequest(
+            request_id=f"unrevert-{uuid.uuid4()}", kind="unrevert", force=tuple(force)
+        )
+        return await self._revert(session_id, request)
+
+    async def _revert(self, session_id: str, request: RevertRequest) -> RevertPlan:
+        info = await self.store.sessions.get(session_id)
+        request = request.model_copy(update={"host": info.host})
+        queue = await self._queue(session_id) or self.task_queue
+        await self._require_worker(session_id, queue)
+
+        def start() -> Awaitable[WorkflowUpdateHandle[Any]]:
+            operation: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+                WORKFLOW_TYPE,
+                DrainInput(session_id=session_id),
+                id=workflow_id(session_id),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=_attributes(session_id),
+                static_summary=_summary(info),
+            )
+            return self.temporal.start_update_with_start_workflow(
+                "revert",
+                request,
+                start_workflow_operation=operation,
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                result_type=RevertPlan,
+                rpc_timeout=3 * ANSWER_TIMEOUT,
+                id=request.request_id,
+            )
+
+        handle = await asyncio.shield(self._registering(start))
+        plan = await handle.result()
+        assert isinstance(plan, RevertPlan)
+        return plan
 
     # --- control --------------------------------------------------------------------------------
 

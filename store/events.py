@@ -609,6 +609,20 @@ class EventStore:
             row = (await conn.execute(query)).first()
         return None if row is None else self._decode(row)
 
+    async def all_of(
+        self, aggregate_id: str, kinds: Sequence[type[Event]], *, tx: Tx | None = None
+    ) -> list[StoredEvent]:
+        """Every event of the aggregate of one of ``kinds``, in log order."""
+        query = (
+            sa.select(event_table)
+            .where(event_table.c.aggregate_id == aggregate_id)
+            .where(event_table.c.type.in_([kind.stored_type() for kind in kinds]))
+            .order_by(event_table.c.seq)
+        )
+        async with self.db.reading(tx) as conn:
+            rows = (await conn.execute(query)).all()
+        return [self._decode(row) for row in rows]
+
     def _decode(self, row: Any) -> StoredEvent:
         return StoredEvent(
             id=row.id,

@@ -15,6 +15,7 @@ from sessionflow.models.events import Event
 from sessionflow.models.messages import AssistantMessage
 from sessionflow.settings import Settings
 from store import projector
+from store.blobs import Blobs
 from store.claims import Claim, Claims, fence_params
 from store.db import Database, Pools, Stamp, Tx
 from store.events import EventStore, StoredEvent
@@ -61,10 +62,12 @@ class Store(Writes):
     writer: SqliteWriter | PostgresWriter | None = field(default=None)
     tool_runs: ToolRuns = field(default_factory=ToolRuns)
     governor: Governor = field(init=False)  # the provider keys' shared capacity
+    blobs: Blobs = field(init=False)  # the content the file-change journal keeps
 
     def __post_init__(self) -> None:
         pipelined = self.writer if isinstance(self.writer, PostgresWriter) else None
         self.governor = Governor(self.db, writer=pipelined)
+        self.blobs = Blobs(self.db)
 
     async def append(
         self,

@@ -120,6 +120,56 @@ async def _moved(tx: Tx, stored: StoredEvent, event: ev.SessionMoved) -> None:
     await _update_session(tx, event.session_id, values)
 
 
+@handles(ev.SessionReverted)
+async def _reverted(tx: Tx, stored: StoredEvent, event: ev.SessionReverted) -> None:
+    """The messages from ``boundary_seq`` on are hidden (``sessionflow/models/journal.py``)
+    until an unrevert or the revert's commit; the context baseline is rebuilt at the next turn
+    (the workspace it was read from changed)."""
+    settings = await _settings(tx, event.session_id)
+    settings["revert"] = {
+        "message_id": event.message_id,
+        "boundary_seq": event.boundary_seq,
+        "seq": stored.seq,
+        "previous": settings.get("revert"),  # a revert staged before it, which it hides too
+    }
+    settings["baseline"] = None
+    await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
+
+
+@handles(ev.SessionUnreverted)
+async def _unreverted(tx: Tx, stored: StoredEvent, event: ev.SessionUnreverted) -> None:
+    settings = await _settings(tx, event.session_id)
+    revert = settings.pop("revert", None)
+    previous = revert.get("previous") if isinstance(revert, dict) else None
+    if previous is not None:
+        settings["revert"] = previous  # the revert it undid was staged on top of this one
+    settings["baseline"] = None
+    await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
+
+
+@handles(ev.RevertCommitted)
+async def _revert_committed(tx: Tx, stored: StoredEvent, event: ev.RevertCommitted) -> None:
+    """The hidden messages are dropped from the projection (their events stay in the log)."""
+    settings = await _settings(tx, event.session_id)
+    settings.pop("revert", None)
+    await _update_session(tx, event.session_id, {"settings": codec.dumps(settings)})
+    await _write_back(tx)
+    doomed = sa.select(message_table.c.id).where(
+        message_table.c.session_id == event.session_id,
+        message_table.c.seq >= event.boundary_seq,
+        message_table.c.seq < stored.seq,
+    )
+    await tx.conn.execute(part_table.delete().where(part_table.c.message_id.in_(doomed)))
+    await tx.conn.execute(
+        message_table.delete().where(
+            message_table.c.session_id == event.session_id,
+            message_table.c.seq >= event.boundary_seq,
+            message_table.c.seq < stored.seq,
+        )
+    )
+    _messages(tx).clear()
+
+
 @handles(ev.WorkspaceObserved)
 async def _observed(tx: Tx, stored: StoredEvent, event: ev.WorkspaceObserved) -> None:
     settings = _observing(await _settings(tx, event.session_id), event.instructions)

@@ -289,6 +289,18 @@ class ProviderWaiterRow(Base):
     seen: Mapped[Millis]  # a waiter not seen again soon has given up (interrupted, gone)
 
 
+class BlobRow(Base):
+    """Content the file-change journal kept (``store/blobs.py``), by its digest: shared by
+    every session, written once, read by a revert."""
+
+    __tablename__ = "session_blob"
+
+    digest: Mapped[str] = mapped_column(sa.String(80), primary_key=True)
+    size: Mapped[int] = mapped_column(sa.BigInteger)
+    data: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    time_created: Mapped[Millis]
+
+
 session_table = cast(sa.Table, SessionRow.__table__)
 message_table = cast(sa.Table, MessageRow.__table__)
 part_table = cast(sa.Table, PartRow.__table__)
@@ -302,3 +314,4 @@ host_lease_table = cast(sa.Table, HostLeaseRow.__table__)
 capacity_table = cast(sa.Table, ProviderCapacityRow.__table__)
 stream_table = cast(sa.Table, ProviderStreamRow.__table__)
 waiter_table = cast(sa.Table, ProviderWaiterRow.__table__)
+blob_table = cast(sa.Table, BlobRow.__table__)

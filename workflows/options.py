@@ -97,6 +97,19 @@ TOOL = Options(
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
+# A revert restores files and records it last; planning again finds what a killed attempt
+# already restored, so Temporal may retry it (a killed worker: the heartbeat notices).
+REVERT = Options(
+    timedelta(minutes=10),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=500),
+        maximum_attempts=5,
+        non_retryable_error_types=["ClaimLostError", "SessionNotFoundError"],
+    ),
+    heartbeat=timedelta(seconds=5),
+    cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    schedule_to_start=timedelta(seconds=30),
+)
 
 
 async def call(name: str, arg: Any, result_type: type[T], summary: str, options: Options) -> T:

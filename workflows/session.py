@@ -24,7 +24,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from workflows.approvals import Approvals
 from workflows.children import Children
 from workflows.hosts import HostCalls
-from workflows.options import CLAIM, CLAIM_AT_ONCE, COMPACT, SHORT, TOOL, TURN, call
+from workflows.options import CLAIM, CLAIM_AT_ONCE, COMPACT, REVERT, SHORT, TOOL, TURN, call
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.models.common import SessionError
@@ -56,14 +56,18 @@ with workflow.unsafe.imports_passed_through():
         PrepareResult,
         Promotion,
         ResumeRequest,
+        RevertInput,
+        RevertRequest,
         RunningTool,
         ToolInput,
         ToolOutcome,
         ToolsReady,
         TurnInput,
         TurnResult,
+        tool_queue,
     )
     from sessionflow.models.events import Todo
+    from sessionflow.models.journal import RevertPlan
     from sessionflow.models.permissions import PermissionReply, RespondResult
     from sessionflow.models.spend import BudgetReached
 
@@ -149,6 +153,9 @@ class SessionWorkflow:
         self.todos: tuple[Todo, ...] = ()
         # The limit that ended the last busy period (the UI's details until the next one).
         self.budget_stop: BudgetReached | None = None
+        # A revert waiting for its busy period, and the answers of those that ran.
+        self.revert_request: RevertRequest | None = None
+        self.reverted: dict[str, RevertPlan] = {}
         # What the next model request waits for on its provider key (the governor).
         self.capacity_wait: CapacityWait | None = None
 
@@ -203,6 +210,19 @@ class SessionWorkflow:
             target = self.period + 1
         await workflow.wait_condition(lambda: target in self.outcomes)
         return self.outcomes[target]
+
+    @workflow.update
+    async def revert(self, request: RevertRequest) -> RevertPlan:
+        """Revert (or unrevert) the session between busy periods, in a busy period of its
+        own (``activities/rewind.py``); a dry run plans at once, busy or not."""
+        if request.dry_run:
+            return await self._revert(RevertInput(session_id=self.session_id, request=request))
+        if request.request_id not in self.reverted:
+            if self.busy or self._owed() or self.revert_request is not None:
+                return _busy_revert(self.session_id, request)
+            self.revert_request = request
+        await workflow.wait_condition(lambda: request.request_id in self.reverted)
+        return self.reverted[request.request_id]
 
     @workflow.signal(name="interrupt")
     def interrupt_signal(self, request: InterruptRequest | None = None) -> None:
@@ -296,7 +316,7 @@ class SessionWorkflow:
                     workflow.continue_as_new(self._carry())
 
     def _owed(self) -> bool:
-        return self.pending_wake or self.force_requested
+        return self.pending_wake or self.force_requested or self.revert_request is not None
 
     @staticmethod
     def _handlers_done() -> bool:
@@ -359,10 +379,47 @@ class SessionWorkflow:
         self.claim, self.drain_task, self.phase = None, None, "idle"
 
     async def _claim_and_drain(self, period: int, force: bool, resume: DrainResume | None) -> None:
+        revert, self.revert_request = self.revert_request, None
         claim = resume.claim if resume is not None else await self._acquire(period, force)
         self.claim = claim
         self._check_stopping()  # interrupted just as the claim was granted
+        if revert is not None:
+            await self._revert_period(claim, revert)
         await self._drains(claim, force, resume)
+
+    async def _revert_period(self, claim: ClaimRef, request: RevertRequest) -> None:
+        """A revert's busy period: refused when the session has work to do first (a prompt
+        came, or a recovery owes the model a turn), else run on the workspace's host."""
+        prep = self.prepared
+        if prep is not None and prep.run:
+            self.reverted[request.request_id] = _busy_revert(self.session_id, request)
+            return
+        self.phase = "reverting"
+        host = prep.host if prep is not None else request.host
+        revert = RevertInput(
+            session_id=self.session_id,
+            request=request.model_copy(update={"host": host}),
+            claim=claim,
+        )
+        try:
+            self.reverted[request.request_id] = await self._revert(revert)
+        except ActivityError as error:
+            failed = RevertPlan(
+                session_id=self.session_id,
+                message_id=request.message_id or "",
+                kind=request.kind,
+                refused=f"the revert failed: {_activity_error(error).message}",
+            )
+            self.reverted[request.request_id] = failed
+        for old in list(self.reverted)[:-20]:
+            del self.reverted[old]
+
+    async def _revert(self, request: RevertInput) -> RevertPlan:
+        host = request.request.host
+        queue = None if host == LOCAL_HOST else tool_queue(workflow.info().task_queue, host)
+        options = replace(REVERT, task_queue=queue)
+        summary = f"{request.request.kind} {request.request.message_id or ''}".strip()
+        return await call("revert_workspace", request, RevertPlan, summary, options)
 
     async def _acquire(self, period: int, force: bool) -> ClaimRef:
         info = workflow.info()
@@ -873,6 +930,16 @@ def _stopped_by_interrupt(error: ActivityError, *, claimed: bool) -> bool:
     if isinstance(cause, CancelledError):
         return True
     return not claimed and isinstance(cause, ApplicationError) and cause.type == "ClaimHeldError"
+
+
+def _busy_revert(session_id: str, request: RevertRequest) -> RevertPlan:
+    why = (
+        "the session is busy: a revert runs between busy periods only; wait until it is "
+        "idle (or interrupt it), then revert again"
+    )
+    return RevertPlan(
+        session_id=session_id, message_id=request.message_id or "", kind=request.kind, refused=why
+    )
 
 
 def _activity_error(error: ActivityError) -> SessionError:

@@ -62,6 +62,14 @@ class ApplyPatch(Tool[ApplyPatchInput]):
     async def execute(self, input: ApplyPatchInput, context: ToolContext) -> ToolOutput:
         return await asyncio.to_thread(self._apply, input.patch_text, str(context.workspace))
 
+    def touches(self, input: ApplyPatchInput) -> tuple[str, ...]:
+        try:
+            changes = parse(input.patch_text)
+        except ToolFailure:
+            return ()  # it fails before it changes anything
+        paths = [c.path for c in changes] + [c.move_to for c in changes if c.move_to]
+        return tuple(dict.fromkeys(paths))
+
     def _apply(self, text: str, root: str) -> ToolOutput:
         changes = parse(text)
         with Workspace(root, self.settings) as workspace:

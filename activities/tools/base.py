@@ -59,6 +59,9 @@ class ToolOutput:
     full_text: str | None = None
     # Events of the session written with the call's result, in its settlement's transaction.
     events: tuple[Event, ...] = ()
+    # For a tool that found its changes by comparing snapshots (``bash``): each changed
+    # path's metadata before the call, (mode, size, mtime ns, inode), None where it was absent.
+    seen_before: dict[str, tuple[int, int, int, int] | None] | None = None
 
     @classmethod
     def text(cls, body: str, **structured: Any) -> ToolOutput:
@@ -77,6 +80,11 @@ class Tool(Generic[InputT]):
 
     async def execute(self, input: InputT, context: ToolContext) -> ToolOutput:
         raise ToolFailure(f"Tool {self.name} cannot run")
+
+    def touches(self, input: InputT) -> tuple[str, ...]:
+        """The workspace paths a call may change, as given, known before it runs: the
+        journal reads what they hold first (``activities/journal.py``)."""
+        return ()
 
     def input_schema(self) -> dict[str, Any]:
         """The JSON schema the model sees; a tool whose limits are settings states them here."""

@@ -24,7 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -282,7 +282,10 @@ class Bash(Tool[BashInput]):
         )
         after = await asyncio.to_thread(snapshot, root, s) if before is not None else None
         paths = changed(before, after) if before is not None and after is not None else ()
-        return self._render(run, timeout, paths, tracked=after is not None)
+        output = self._render(run, timeout, paths, tracked=after is not None)
+        if before is None:
+            return output
+        return replace(output, seen_before={path: before.get(path) for path in paths})
 
     def _sandbox(self) -> Sandbox:
         if self.sandbox.settings is not self.settings:  # settings replaced (tests)

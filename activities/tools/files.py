@@ -149,6 +149,9 @@ class Write(Tool[WriteInput]):
     async def execute(self, input: WriteInput, context: ToolContext) -> ToolOutput:
         return await asyncio.to_thread(self._write, input, str(context.workspace))
 
+    def touches(self, input: WriteInput) -> tuple[str, ...]:
+        return (input.path,)
+
     def _write(self, input: WriteInput, root: str) -> ToolOutput:
         data = encode_text(input.content, "content")
         with Workspace(root, self.settings) as workspace:
@@ -184,6 +187,9 @@ class Edit(Tool[EditInput]):
 
     async def execute(self, input: EditInput, context: ToolContext) -> ToolOutput:
         return await asyncio.to_thread(self._edit, input, str(context.workspace))
+
+    def touches(self, input: EditInput) -> tuple[str, ...]:
+        return (input.path,)
 
     def _edit(self, input: EditInput, root: str) -> ToolOutput:
         if input.old_string == input.new_string:

@@ -123,6 +123,9 @@ class ToolSettings:
     # A workspace with more entries than this is not snapshot around bash; its changes then
     # go untracked rather than making every command scan a huge tree.
     track_entries: int = 20_000
+    # The file-change journal keeps a changed file's content up to this size (a revert can
+    # restore it); a larger file is journaled by digest only (``SESSIONFLOW_JOURNAL_MAX_BYTES``).
+    journal_max_bytes: int = 1024 * 1024
     # ``bash`` runs in a bubblewrap sandbox (``sandbox.py``); False only by the explicit
     # ``SESSIONFLOW_SANDBOX=off``. ``sandbox_binary`` overrides the bundled ``bwrap``.
     sandbox: bool = True

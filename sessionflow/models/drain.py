@@ -150,6 +150,27 @@ class ResumeRequest(Model):
     request_id: str | None = None
 
 
+class RevertRequest(Model):
+    """A revert of the session's conversation and workspace to ``message_id`` (the last
+    message kept), or an ``unrevert`` of the last one; ``force``: paths restored (or left as
+    they are) although they changed since; ``dry_run``: the plan only."""
+
+    request_id: str
+    kind: Literal["revert", "unrevert"] = "revert"
+    message_id: str | None = None
+    dry_run: bool = False
+    force: tuple[str, ...] = ()
+    host: str = "local"  # where the workspace is, as the session said when asked
+
+
+class RevertInput(Model):
+    """The ``revert_workspace`` activity's input: under ``claim`` (None for a dry run)."""
+
+    session_id: str
+    request: RevertRequest
+    claim: ClaimRef | None = None
+
+
 class RunningTool(Model):
     call_id: str
     name: str

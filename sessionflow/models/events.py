@@ -22,6 +22,7 @@ from sessionflow.models.common import (
     SessionError,
     Tokens,
 )
+from sessionflow.models.journal import FileChange, FileState
 from sessionflow.models.permissions import Decision, PermissionRequest, Rule
 from sessionflow.models.spend import Budget
 
@@ -402,6 +403,57 @@ class ToolFailed(SessionEventBase):
     host: str | None = None  # the host whose worker ran (or could not run) the tool
 
 
+# --- the file-change journal and rewind (``sessionflow/models/journal.py``) ----------------------
+
+
+class FilesChanged(SessionEventBase):
+    """What a tool call changed in the workspace, path by path, written with its settlement."""
+
+    type: Literal["session.files.changed"] = "session.files.changed"
+    assistant_message_id: str
+    call_id: str
+    changes: tuple[FileChange, ...]
+
+
+class RevertedPath(Model):
+    """A path a revert (or unrevert) gave back ``to`` (None: deleted) from ``was``."""
+
+    path: str
+    was: FileState | None = None
+    to: FileState | None = None
+
+
+class SessionReverted(SessionEventBase):
+    """The workspace was restored to its state at ``message_id`` (its seq ``boundary_seq``):
+    the messages after it are hidden from history until an unrevert, or dropped for good
+    (``session.revert.committed``) once a new prompt is promoted. Written after the files."""
+
+    type: Literal["session.reverted"] = "session.reverted"
+    message_id: str
+    boundary_seq: int
+    paths: tuple[RevertedPath, ...] = ()
+    forced: tuple[str, ...] = ()
+
+
+class SessionUnreverted(SessionEventBase):
+    """The last revert undone: its paths hold again what they held before it, and the
+    hidden messages are shown again."""
+
+    type: Literal["session.unreverted"] = "session.unreverted"
+    message_id: str
+    paths: tuple[RevertedPath, ...] = ()
+    forced: tuple[str, ...] = ()
+
+
+class RevertCommitted(SessionEventBase):
+    """A prompt came after a revert: the messages it hid are dropped from history (still in
+    the log), and the revert can no longer be undone."""
+
+    type: Literal["session.revert.committed"] = "session.revert.committed"
+    message_id: str
+    boundary_seq: int
+
+
 # --- permissions and questions ------------------------------------------------------------------
 
 
@@ -468,7 +520,11 @@ SessionEvent = Annotated[
     | ToolSucceeded
     | ToolFailed
     | PermissionAsked
-    | PermissionReplied,
+    | PermissionReplied
+    | FilesChanged
+    | SessionReverted
+    | SessionUnreverted
+    | RevertCommitted,
     Field(discriminator="type"),
 ]
 
