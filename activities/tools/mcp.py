@@ -50,6 +50,9 @@ from sessionflow.models.common import ContentPart, FileContent, TextContent
 log = logging.getLogger("sessionflow.mcp")
 _STDERR_LINES = 10
 _SHUTDOWN_S = 10.0  # the SDK's own shutdown of a stdio server takes at most about 6.5 s
+# A start gets at least this long, whatever the call bound (a first ``npx`` downloads, an
+# interpreter imports its SDK on a loaded machine); each call is bounded by ``timeout``.
+_START_S = 30.0
 START_RETRY_S = 10.0  # how long a failed start answers for the server before it is tried again
 _MAX_EVENT_BYTES = 64 * 1024 * 1024  # a streamable HTTP event; tool output is capped after
 
@@ -89,6 +92,10 @@ class _Connection:
         return self.config.timeout / 1000
 
     @property
+    def start_s(self) -> float:
+        return max(self.timeout_s, _START_S)
+
+    @property
     def alive(self) -> bool:
         running = self._task is not None and not self._task.done()
         return running and self._failure is None and not self._exit() and self._processes_up()
@@ -106,12 +113,12 @@ class _Connection:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._serve(), name=f"mcp {self.name}")
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.start_s):
                 await self._ready.wait()
         except TimeoutError:
             self.stop()
             raise McpServerError(
-                f"MCP server {self.name} did not start within {self.timeout_s:g} s "
+                f"MCP server {self.name} did not start within {self.start_s:g} s "
                 f"({self._describe()}){self._stderr_tail()}"
             ) from None
         except BaseException:  # the caller cancelled: the server must not live on
@@ -138,7 +145,9 @@ class _Connection:
             self._keep_last_words()
 
     def _client(self, stack: contextlib.AsyncExitStack) -> Client:
-        timeout = self.timeout_s
+        # The SDK's bound on each answer covers the start's handshake too; a call's own bound
+        # is ``timeout_s`` (``call``).
+        timeout = self.start_s
         if isinstance(self.config, RemoteServer):
             http = httpx2.AsyncClient(headers=self.config.headers, timeout=timeout)
             stack.push_async_callback(http.aclose)  # the SDK leaves a given client open

@@ -7,8 +7,9 @@
 
 A local server speaks stdio, a remote one streamable HTTP. ``{workspace}`` in a command or an
 environment value makes the server one per session workspace (started in it); otherwise there
-is one per worker. ``timeout`` (ms) bounds its start and each call. ``enabled: false`` leaves a
-server off unless a session turns it on (``create_session(..., mcp={"docs": True})``).
+is one per worker. ``timeout`` (ms) bounds each call and its start (at least 30 s).
+``enabled: false`` leaves a server off unless a session turns it on
+(``create_session(..., mcp={"docs": True})``).
 """
 
 from __future__ import annotations
