@@ -140,6 +140,7 @@ def tool_settings(settings: Settings) -> ToolSettings:
         sandbox=settings.sandbox,
         sandbox_mount=settings.sandbox_mount,
         sandbox_hide=settings.sandbox_hide,
+        journal_max_bytes=settings.journal_max_bytes,
     )
 
 

@@ -7,7 +7,8 @@ paths beforehand: it reports each changed path's metadata from the snapshot take
 command, and a revert finds that content in an earlier entry of the journal whose "after" has
 the same metadata (``sessionflow/models/journal.py: FileState.same_file``). Content up to the
 cap is kept in the store's blob table; unchanged files cost nothing (only named or snapshot-
-changed paths are read).
+changed paths are read), and one call keeps at most ``journal_call_bytes`` of content (a
+command that rewrote a whole tree is journaled by digest beyond it).
 
 Every path goes through ``Workspace`` (``tools/paths.py``): a protected path, or one leading
 outside, is never read, journaled or restored. Symbolic links are recorded as links (their
@@ -143,6 +144,7 @@ def changes(
     contents to keep."""
     found: list[FileChange] = []
     kept: list[bytes] = []
+    budget = settings.journal_call_bytes
     with Workspace(root, settings) as workspace:
         for rel in dict.fromkeys([*output.output_paths, *before]):
             try:
@@ -152,9 +154,22 @@ def changes(
             earlier = before.get(rel) or Seen(_seen_before(output, rel))
             if _same(earlier.state, after.state):
                 continue  # named beforehand, left as it was
+            contents = [seen.content for seen in (earlier, after) if seen.content is not None]
+            if sum(map(len, contents)) > budget:  # a call that rewrote a whole tree
+                earlier, after = _unkept(earlier), _unkept(after)
+                contents = []
+            budget -= sum(map(len, contents))
             found.append(FileChange(path=rel, before=earlier.state, after=after.state))
-            kept += [seen.content for seen in (earlier, after) if seen.content is not None]
+            kept += contents
     return found, kept
+
+
+def _unkept(seen: Seen) -> Seen:
+    """``seen`` by digest only: the call's content budget is spent."""
+    state = seen.state
+    if state is None or state.kind != "file":
+        return seen
+    return Seen(state.model_copy(update={"stored": False}))
 
 
 def _seen_before(output: ToolOutput, rel: str) -> FileState | None:

@@ -40,6 +40,7 @@ from sessionflow.models.journal import (
     RevertPlan,
     RevertRefusal,
     hidden_range,
+    visible,
 )
 from store import Store
 from store.sessions import SessionInfo
@@ -48,7 +49,7 @@ _DIFF_BYTES = 256 * 1024  # a dry run's line counts cover text files up to this 
 
 
 @dataclass(frozen=True)
-class _Entry:
+class JournalEntry:
     """One journal entry: a call's change of a path, or a revert's (or unrevert's)."""
 
     position: int
@@ -59,7 +60,7 @@ class _Entry:
 
 
 @dataclass(frozen=True)
-class _Goal:
+class Goal:
     """What a path must go back ``to``, and what it must hold now (``expected``) for that
     to be safe."""
 
@@ -69,17 +70,17 @@ class _Goal:
     unknown: bool = False  # ``to`` is a content the journal never had
 
 
-async def read_journal(store: Store, session_id: str) -> tuple[list[_Entry], list[Any]]:
+async def read_journal(store: Store, session_id: str) -> tuple[list[JournalEntry], list[Any]]:
     """Every entry of the session's journal in log order, and its revert events."""
     kinds: list[type[ev.Event]] = [ev.FilesChanged, ev.SessionReverted, ev.SessionUnreverted]
-    entries: list[_Entry] = []
+    entries: list[JournalEntry] = []
     reverts: list[Any] = []
     for stored in await store.events.all_of(session_id, kinds):
         data = stored.data
         if isinstance(data, ev.FilesChanged):
             for change in data.changes:
                 entries.append(
-                    _Entry(
+                    JournalEntry(
                         len(entries),
                         change.path,
                         change.before,
@@ -90,17 +91,17 @@ async def read_journal(store: Store, session_id: str) -> tuple[list[_Entry], lis
         elif isinstance(data, ev.SessionReverted | ev.SessionUnreverted):
             reverts.append(stored)
             for path in data.paths:
-                entries.append(_Entry(len(entries), path.path, path.was, path.to, None))
+                entries.append(JournalEntry(len(entries), path.path, path.was, path.to, None))
     return entries, reverts
 
 
-def _latest(entries: list[_Entry], path: str) -> FileState | None:
+def _latest(entries: list[JournalEntry], path: str) -> FileState | None:
     """What the session last left at ``path``."""
     last = [e for e in entries if e.path == path]
     return last[-1].after if last else None
 
 
-def _known(entries: list[_Entry], entry: _Entry) -> FileState | None:
+def _known(entries: list[JournalEntry], entry: JournalEntry) -> FileState | None:
     """``entry``'s content before, with a content: the shell saw only metadata, which an
     earlier entry's "after" names when nothing rewrote the file between them."""
     before = entry.before
@@ -115,19 +116,19 @@ def _known(entries: list[_Entry], entry: _Entry) -> FileState | None:
     return None
 
 
-def revert_goals(entries: list[_Entry], hidden: set[str]) -> list[_Goal]:
+def revert_goals(entries: list[JournalEntry], hidden: set[str]) -> list[Goal]:
     """Each path the calls of the ``hidden`` messages changed, back to before the first."""
-    goals: list[_Goal] = []
+    goals: list[Goal] = []
     for path in sorted({e.path for e in entries if e.message_id in hidden}):
         first = next(e for e in entries if e.path == path and e.message_id in hidden)
         to = _known(entries, first)
         unknown = first.before is not None and to is None
-        goals.append(_Goal(path, to, _latest(entries, path), unknown))
+        goals.append(Goal(path, to, _latest(entries, path), unknown))
     return goals
 
 
-def unrevert_goals(entries: list[_Entry], reverted: ev.SessionReverted) -> list[_Goal]:
-    return [_Goal(p.path, p.was, _latest(entries, p.path)) for p in reverted.paths]
+def unrevert_goals(entries: list[JournalEntry], reverted: ev.SessionReverted) -> list[Goal]:
+    return [Goal(p.path, p.was, _latest(entries, p.path)) for p in reverted.paths]
 
 
 def _same(one: FileState | None, other: FileState | None) -> bool:
@@ -136,7 +137,7 @@ def _same(one: FileState | None, other: FileState | None) -> bool:
     return one.same_content(other)
 
 
-def decide(goal: _Goal, now: FileState | None, kept: bool, forced: bool) -> RevertPath:
+def decide(goal: Goal, now: FileState | None, kept: bool, forced: bool) -> RevertPath:
     """One path of the plan: ``now`` is what it holds, ``kept`` whether the content to
     restore is in the blob table, ``forced`` whether the caller overrides a refusal."""
     to, expected = goal.to, goal.expected
@@ -216,9 +217,9 @@ class RewindActivities:
         self,
         session: SessionInfo,
         request: RevertRequest,
-        entries: list[_Entry],
+        entries: list[JournalEntry],
         reverts: list[Any],
-    ) -> tuple[RevertPlan, list[_Goal]]:
+    ) -> tuple[RevertPlan, list[Goal]]:
         staged = hidden_range(session.settings)
         base = RevertPlan(
             session_id=session.id, message_id=request.message_id or "", kind=request.kind
@@ -243,9 +244,9 @@ class RewindActivities:
         if staged is not None and staged[0] <= target.seq < staged[1]:
             why = f"message {target.id} is hidden by the last revert: unrevert first"
             return base.model_copy(update={"refused": why}), []
-        later = [m for m in messages if m.seq > target.seq]
-        if staged is not None:
-            later = [m for m in later if m.seq < staged[1]]
+        # The messages after it that are still shown (a staged revert already undid the
+        # changes of those it hides, and this one hides them too).
+        later = [m for m in visible(messages, session.settings) if m.seq > target.seq]
         if not later:
             why = f"nothing comes after message {target.id}: there is nothing to revert"
             return base.model_copy(update={"refused": why}), []
@@ -300,7 +301,7 @@ def _event(session_id: str, request: RevertRequest, plan: RevertPlan) -> ev.Even
 def _decide_all(
     root: str,
     settings: ToolSettings,
-    goals: list[_Goal],
+    goals: list[Goal],
     kept: dict[str, bool],
     force: set[str],
 ) -> tuple[list[RevertPath], dict[str, bytes]]:

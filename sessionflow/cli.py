@@ -27,6 +27,7 @@ import typer
 
 from sessionflow import cli_answers, locate
 from sessionflow.errors import SessionflowError
+from sessionflow.models.journal import RevertPlan
 from sessionflow.models.spend import Spend
 
 if TYPE_CHECKING:
@@ -671,6 +672,76 @@ def move(
     moved = run(work)
     value = {"session_id": moved.id, "host": moved.host, "directory": moved.directory}
     emit(value, as_json, f"{moved.id} now runs its tools on {moved.host} in {moved.directory}")
+
+
+@app.command()
+def revert(
+    session: str = typer.Argument(..., help="Session id"),
+    message: str = typer.Argument(..., help="The last message to keep"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would change; change nothing"),
+    force: list[str] = typer.Option(
+        [], "--force", help="A path to restore (or leave) although it changed since; repeatable"
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Put the workspace and the conversation back to MESSAGE, between busy periods."""
+
+    async def work() -> Any:
+        async with session_client() as client:
+            return await client.revert(session, message, dry_run=dry_run, force=force)
+
+    _rewound(run(work), as_json)
+
+
+@app.command()
+def unrevert(
+    session: str = typer.Argument(..., help="Session id"),
+    force: list[str] = typer.Option(
+        [], "--force", help="A path to put back although it changed since; repeatable"
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Undo the session's last revert, while no prompt came after it."""
+
+    async def work() -> Any:
+        async with session_client() as client:
+            return await client.unrevert(session, force=force)
+
+    _rewound(run(work), as_json)
+
+
+def _rewound(plan: RevertPlan, as_json: bool) -> None:
+    """A revert's plan, path by path; exits 1 when it was refused."""
+    from rich.markup import escape
+
+    code = USER_ERROR if plan.refused is not None or plan.refusals else 0
+    if as_json:
+        print(plan.model_dump_json(), flush=True)
+        if code:
+            raise typer.Exit(code)
+        return
+    out = console()
+    verb = {"restore": "restore", "delete": "delete", "unchanged": "keep"}
+    for path in plan.paths:
+        name = escape(path.path)
+        if path.refused is not None:
+            line = f"[red]refused[/] {name}: {escape(path.reason or '')}  (--force {name})"
+        else:
+            lines = f"  (+{path.added} -{path.removed})" if path.added is not None else ""
+            note = f"  ({escape(path.reason)})" if path.reason else ""
+            line = f"{verb[path.action]:8s} {name}{lines}{note}"
+        out.print(line, highlight=False, soft_wrap=True)
+    if plan.refused is not None:
+        out.print(f"[red]refused:[/] {escape(plan.refused)}", highlight=False, soft_wrap=True)
+    elif plan.refusals:
+        out.print("[red]refused: nothing was changed[/]", highlight=False)
+    elif plan.applied:
+        done = f"{plan.kind} of {plan.session_id} to {plan.message_id}: done"
+        out.print(done, highlight=False)
+    else:
+        out.print("dry run: nothing was changed", highlight=False)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

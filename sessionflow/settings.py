@@ -114,6 +114,8 @@ class Settings(BaseModel):
     serve: Literal["all", "turns", "tools"] = "all"
     # A host's lease (its workers renew it every third); None: the claim's ``lease_ms``.
     host_lease_ms: int | None = Field(default=None, ge=1_000)
+    # The file-change journal keeps a changed file's content up to this many bytes (rewind).
+    journal_max_bytes: int = Field(default=1024 * 1024, ge=0, le=256 * 1024 * 1024)
 
     @property
     def host_lease(self) -> int:
@@ -155,4 +157,5 @@ _VARIABLES = (
     ("host", "SESSIONFLOW_HOST"),
     ("serve", "SESSIONFLOW_SERVE"),
     ("host_lease_ms", "SESSIONFLOW_HOST_LEASE_MS"),
+    ("journal_max_bytes", "SESSIONFLOW_JOURNAL_MAX_BYTES"),
 )

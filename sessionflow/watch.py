@@ -151,6 +151,14 @@ class Renderer:
         text = self.prompts.get(data["input_id"], "")
         self._line(f"[bold cyan]you[/] {escape(text if self.full else cut(text))}")
 
+    def _reverted(self, data: dict[str, Any]) -> None:
+        paths = ", ".join(escape(p["path"]) for p in data["paths"][:10]) or "no file"
+        self._line(f"[bold yellow]reverted[/] to {escape(data['message_id'])}: {paths}")
+
+    def _unreverted(self, data: dict[str, Any]) -> None:
+        paths = ", ".join(escape(p["path"]) for p in data["paths"][:10]) or "no file"
+        self._line(f"[bold yellow]unreverted[/] {escape(data['message_id'])}: {paths}")
+
     def _step_started(self, data: dict[str, Any]) -> None:
         model = data["model"]
         self._line(f"[bold magenta]assistant[/] [dim]{model['provider_id']}/{model['id']}[/]")

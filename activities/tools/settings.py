@@ -126,6 +126,8 @@ class ToolSettings:
     # The file-change journal keeps a changed file's content up to this size (a revert can
     # restore it); a larger file is journaled by digest only (``SESSIONFLOW_JOURNAL_MAX_BYTES``).
     journal_max_bytes: int = 1024 * 1024
+    # What one call may keep in all (a command that rewrote a tree: digests only beyond it).
+    journal_call_bytes: int = 64 * 1024 * 1024
     # ``bash`` runs in a bubblewrap sandbox (``sandbox.py``); False only by the explicit
     # ``SESSIONFLOW_SANDBOX=off``. ``sandbox_binary`` overrides the bundled ``bwrap``.
     sandbox: bool = True

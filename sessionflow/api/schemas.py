@@ -69,6 +69,21 @@ class CreateSession(Body):
         return value
 
 
+class RevertSession(Body):
+    message_id: str = Field(description="the last message to keep")
+    dry_run: bool = Field(default=False, description="say what would change; change nothing")
+    force: list[str] = Field(
+        default_factory=list,
+        description="paths to restore (or leave as they are) although they changed since",
+    )
+
+
+class UnrevertSession(Body):
+    force: list[str] = Field(
+        default_factory=list, description="paths to put back although they changed since"
+    )
+
+
 class MoveSession(Body):
     host: str = Field(description="the host its tools run on from now")
     workspace: str | None = Field(

@@ -101,6 +101,19 @@ async def test_a_history_with_an_interrupt_replays(h: Harness) -> None:
     await _replayed_and_recorded(h, sid, "interrupt")
 
 
+async def test_a_history_with_a_revert_and_an_unrevert_replays(h: Harness) -> None:
+    """Catalogue C10: the revert's busy period (its activity on the workspace's queue), an
+    unrevert, and a dry run answered from the update handler."""
+    sid = await h.session([call("w1", "write", path="a.txt", content="a")], [{"text": "x"}])
+    receipt = await h.client.prompt(sid, "Go")
+    await h.client.wait_idle(sid, timeout=60)
+    assert (await h.client.revert(sid, receipt.id, dry_run=True)).paths
+    assert (await h.client.revert(sid, receipt.id)).applied
+    assert (await h.client.unrevert(sid)).applied
+    await h.client.wait_idle(sid, timeout=60)
+    await _replayed_and_recorded(h, sid, "revert")
+
+
 async def test_a_history_with_a_compaction_replays(h: Harness) -> None:
     """Catalogue C10: a manual compaction between two prompts."""
     sid = await h.session([{"text": "first"}], [{"text": "the summary"}], [{"text": "second"}])

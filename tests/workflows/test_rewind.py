@@ -8,13 +8,20 @@ the next request.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
+from temporalio.testing import WorkflowEnvironment
+
 from sessionflow.models.messages import AssistantMessage
-from tests.workflows.harness import Harness, call
+from store import Store
+from tests.conftest import Target
+from tests.workflows.harness import Harness, call, harness
+from tests.workflows.workers import WorkerProcess
 
 ALLOW = [{"tool": "bash", "action": "allow"}]
 
@@ -192,3 +199,49 @@ async def test_bad_targets_are_refused_clearly(h: Harness) -> None:
     plan = await h.client.unrevert(sid)
     assert plan.refused and "nothing to unrevert" in plan.refused
     assert first.id
+
+
+async def test_a_worker_killed_between_two_paths_leaves_a_revert_its_retry_finishes(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """SIGKILL after the first of three paths was restored: each path holds its old or its
+    new content, the activity's retry on another worker restores the rest, and the event is
+    written once."""
+    gate = str(tmp_path / "revert.gate")
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        first = WorkerProcess(
+            temporal_env, target, h.client.task_queue, SESSIONFLOW_TEST_REVERT_GATE=gate
+        )
+        workers.append(first)
+        await first.ready()
+        sid = await h.session(
+            [
+                call("w1", "write", path="a.txt", content="a\n"),
+                call("w2", "write", path="b.txt", content="b\n"),
+                call("w3", "write", path="c.txt", content="c\n"),
+            ],
+            [{"text": "written"}],
+        )
+        (h.workspace / "b.txt").write_text("b before\n")
+        before = tree(h.workspace)
+        receipt = await h.client.prompt(sid, "write")
+        await h.client.wait_idle(sid, timeout=60)
+        reverting = asyncio.create_task(h.client.revert(sid, receipt.id))
+        await h.until(lambda: Path(f"{gate}.reached").exists(), timeout=30)
+        first.signal(signal.SIGKILL)
+        ws = h.workspace  # the paths go in order: a.txt is deleted, b and c not yet restored
+        assert not (ws / "a.txt").exists() and (ws / "b.txt").read_text() == "b\n"
+        assert (ws / "c.txt").exists()
+        second = WorkerProcess(temporal_env, target, h.client.task_queue)
+        workers.append(second)
+        await second.ready()
+        plan = await asyncio.wait_for(reverting, 90)
+        assert plan.applied, plan
+        assert tree(h.workspace) == before
+        types = await h.types(sid)
+        assert types.count("session.reverted") == 1
+        assert types[-1] == "session.execution.succeeded"

@@ -12,7 +12,10 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 from sessionflow.agents import load_agents
 from sessionflow.cli import leave
@@ -22,7 +25,30 @@ from tests.workflows.tools import Gate, registry
 from worker import build_worker, connect, mcp_from_env, serving
 
 
+def pause_reverts(gate: str) -> None:
+    """``SESSIONFLOW_TEST_REVERT_GATE``: a revert restores one path, then says so (a
+    ``.reached`` file beside the gate) and waits for the gate file before the next one: a
+    worker to kill between two paths."""
+    from activities import journal
+
+    restore = journal.restore
+    restored = 0
+
+    def paused(*args: Any, **kwargs: Any) -> None:
+        nonlocal restored
+        if restored == 1:
+            Path(f"{gate}.reached").touch()
+            while not Path(gate).exists():
+                time.sleep(0.02)
+        restore(*args, **kwargs)
+        restored += 1
+
+    journal.restore = paused
+
+
 async def main(address: str, task_queue: str, url: str, schema: str | None) -> None:
+    if gate := os.environ.get("SESSIONFLOW_TEST_REVERT_GATE"):
+        pause_reverts(gate)
     settings = Settings.from_env()
     store = await open_store(url, schema=schema, settings=settings)
     client = await connect(address)

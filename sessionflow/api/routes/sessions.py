@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from sessionflow.api.deps import Client, SessionId
-from sessionflow.api.schemas import CreateSession, MoveSession
+from sessionflow.api.schemas import CreateSession, MoveSession, RevertSession, UnrevertSession
 from sessionflow.catalogue import ToolInfo
 from sessionflow.client import Job, Usage
+from sessionflow.models.journal import RevertPlan
 from sessionflow.models.messages import Message
 from sessionflow.models.spend import Budget
 from store.sessions import SessionInfo
@@ -71,6 +72,30 @@ async def move_session(session_id: SessionId, body: MoveSession, client: Client)
     return await client.move(session_id, body.host, workspace=body.workspace)
 
 
+@router.post("/{session_id}/revert", response_model=RevertPlan)
+async def revert(
+    session_id: SessionId, body: RevertSession, client: Client, response: Response
+) -> RevertPlan:
+    """Put the workspace and the conversation back to ``message_id``, between busy periods:
+    the plan path by path, ``applied`` once done. 409 when refused (busy, a path changed
+    since: ``force`` it), changing nothing."""
+    plan = await client.revert(session_id, body.message_id, dry_run=body.dry_run, force=body.force)
+    if plan.refused is not None or plan.refusals:
+        response.status_code = 409
+    return plan
+
+
+@router.post("/{session_id}/unrevert", response_model=RevertPlan)
+async def unrevert(
+    session_id: SessionId, body: UnrevertSession, client: Client, response: Response
+) -> RevertPlan:
+    """Undo the last revert while no prompt came after it; 409 when refused."""
+    plan = await client.unrevert(session_id, force=body.force)
+    if plan.refused is not None or plan.refusals:
+        response.status_code = 409
+    return plan
+
+
 @router.put("/{session_id}/budget", response_model=SessionInfo)
 async def set_budget(session_id: SessionId, body: Budget, client: Client) -> SessionInfo:
     """Replace its spending limits (an empty body: none). A session its budget stopped
@@ -86,9 +111,13 @@ async def tools(session_id: SessionId, client: Client) -> list[ToolInfo]:
 
 
 @router.get("/{session_id}/messages", response_model=list[Message])
-async def messages(session_id: SessionId, client: Client) -> list[Message]:
+async def messages(
+    session_id: SessionId,
+    client: Client,
+    hidden: Annotated[bool, Query(description="also the messages a revert hides")] = False,
+) -> list[Message]:
     """The transcript as the store projects it: user, assistant (parts), synthetic messages."""
-    return await client.messages(session_id)
+    return await client.messages(session_id, hidden=hidden)
 
 
 @router.get("/{session_id}/children", response_model=list[SessionInfo])

@@ -180,9 +180,37 @@ const handlers = {
     node.append(el("span", "badge", d.delivery === "queue" ? "queued" : "pending"));
     transcript.append(node);
   },
-  "session.prompt.promoted": (d) => {
-    const badge = find(`.user[data-input="${CSS.escape(d.input_id)}"] .badge`);
-    if (badge) badge.textContent = "delivered";
+  "session.prompt.promoted": (d, e) => {
+    const node = find(`.user[data-input="${CSS.escape(d.input_id)}"]`);
+    if (!node) return;
+    node.dataset.seq = String(e.seq);  // the user message's place is its promotion
+    node.querySelector(".badge").textContent = "delivered";
+    revertButton(node, d.input_id);
+  },
+  "session.step.ended": (d) => revertButton(assistant(d.assistant_message_id), d.assistant_message_id),
+  "session.reverted": (d, e) => {
+    for (const node of transcript.children) {
+      const seq = Number(node.dataset.seq);
+      if (seq >= d.boundary_seq && seq < e.seq && !node.dataset.hiddenBy) {
+        node.dataset.hiddenBy = String(e.seq);
+        node.classList.add("reverted");
+      }
+    }
+    marker(`reverted to ${d.message_id}: ${files(d.paths)}`, "revert");
+  },
+  "session.unreverted": (d) => {
+    const hidden = [...transcript.querySelectorAll(".reverted")];
+    const last = Math.max(...hidden.map((node) => Number(node.dataset.hiddenBy)));
+    for (const node of hidden) {
+      if (Number(node.dataset.hiddenBy) === last) {
+        node.classList.remove("reverted");
+        delete node.dataset.hiddenBy;
+      }
+    }
+    marker(`revert undone: ${files(d.paths)}`, "revert");
+  },
+  "session.revert.committed": () => {
+    for (const node of transcript.querySelectorAll(".reverted")) node.remove();
   },
   "session.execution.started": () => setState("busy"),
   "session.execution.succeeded": () => { setState("idle"); marker("done", "succeeded"); },
@@ -274,9 +302,54 @@ const handlers = {
   "session.compaction.failed": (d) => marker(`compaction failed: ${d.error.message}`, "error"),
 };
 
+function files(paths) {
+  return paths.length ? paths.map((p) => p.path).join(", ") : "no file changed";
+}
+
+// "Revert to here" on a message: the workspace and the conversation go back to it.
+function revertButton(node, messageId) {
+  if (node.querySelector(":scope > button.revert")) return;
+  const button = el("button", "revert", "revert to here");
+  button.dataset.revert = messageId;
+  button.title = "put the workspace and the conversation back to this message";
+  node.append(button);
+}
+
+async function revertTo(button) {
+  notice.textContent = "";
+  button.disabled = true;
+  try {
+    const answer = await fetch(`/sessions/${encodeURIComponent(sid)}/revert`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ message_id: button.dataset.revert }),
+    });
+    const plan = await answer.json();
+    if (plan.refused) notice.textContent = `revert refused: ${plan.refused}`;
+    const refusals = (plan.paths || []).filter((p) => p.refused);
+    if (refusals.length) {
+      notice.textContent = "revert refused, nothing changed: "
+        + refusals.map((p) => `${p.path} (${p.reason})`).join("; ");
+    }
+    if (!answer.ok && !plan.paths) notice.textContent = `revert: ${answer.statusText}`;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+transcript.addEventListener("click", (e) => {
+  const button = e.target.closest("button.revert");
+  if (button && !button.disabled) revertTo(button);
+});
+
 function render(event) {
   const handler = handlers[event.type];
   if (handler) handler(event.data, event);
+  // Every block carries the seq that made it: a revert hides the blocks after its message.
+  for (let node = transcript.lastElementChild; node && !node.dataset.seq;
+    node = node.previousElementSibling) {
+    node.dataset.seq = String(event.seq);
+  }
   // What the session spent changes with each step; a busy period's end may be its budget.
   if (root.dataset.synced && (event.type === "session.step.ended"
       || event.type.startsWith("session.execution.") || event.type === "session.budget.set")) {

@@ -367,3 +367,33 @@ async def test_the_page_says_a_call_waits_for_its_host(api: Api, browser: Browse
                 await expect(page.locator("#state")).to_have_text("idle")
         finally:
             await page.close()
+
+
+async def test_the_page_reverts_to_a_message_and_hides_what_came_after(
+    api: Api, browser: Browser
+) -> None:
+    sid = await api.session(
+        [call("w1", "write", path="page.txt", content="from the session\n")],
+        [{"text": "Written."}],
+    )
+    written = api.h.workspace / "page.txt"
+    async with running_api(api.h.client, ApiSettings(port=0)) as url:
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{url}/view/{sid}")
+            await expect(page.locator('#session[data-synced="true"]')).to_have_count(1)
+            await api.h.client.prompt(sid, "Write the page file")
+            await expect(page.locator(".marker.succeeded")).to_have_count(1)
+            assert written.exists()
+            await expect(page.locator(".assistant:visible")).to_have_count(2)
+            await page.locator(".user button.revert").click()
+            await expect(page.locator(".marker.revert")).to_have_text(
+                f"reverted to {(await api.h.client.messages(sid))[0].id}: page.txt"
+            )
+            await expect(page.locator(".assistant:visible")).to_have_count(0)
+            await expect(page.locator(".user:visible")).to_have_count(1)
+            assert not written.exists()
+            await page.locator(".user button.revert").click()  # nothing after it any more
+            await expect(page.locator("#notice")).to_contain_text("nothing comes after")
+        finally:
+            await page.close()
