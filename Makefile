@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) bench/operator.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/hosts.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/governor.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
+	$(PY) bench/rewind.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .sessionflow
