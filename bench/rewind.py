@@ -70,7 +70,7 @@ async def journal_cost(store: Store, root: Path, tool: str, rounds: int) -> dict
     ratios: list[float] = []
     first_ratio = 0.0
     for n in range(rounds):
-        content = (f"{n:08d}".encode() * CHANGED)[:CHANGED]  # a new content every call
+        content = (f"{tool}{n:08d}".encode() * CHANGED)[:CHANGED]  # new content every call
         before_snapshot = snapshot(str(root), settings) if tool == "bash" else {}
         assert before_snapshot is not None
         started = time.perf_counter()
