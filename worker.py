@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -182,8 +182,12 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         turn.stream_turn,
         CompactionActivities(runtime).compact,
         tools.run_tool,
-        RewindActivities(runtime).revert_workspace,
+        *_rewind(RewindActivities(runtime)),
     ]
+
+
+def _rewind(rewind: RewindActivities) -> list[Callable[..., Any]]:
+    return [rewind.revert_workspace, rewind.fork_workspace]
 
 
 def build_worker(
@@ -283,7 +287,7 @@ def build_worker(
                     activities=[
                         tools_worker.run_tool,
                         checks.check_workspace,
-                        rewind.revert_workspace,
+                        *_rewind(rewind),
                     ],
                     **common,
                 )

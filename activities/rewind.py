@@ -22,18 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
 
-from activities import context, journal
+from activities import context, fork, journal
+from activities.hosts import instructions
 from activities.runtime import Runtime, heartbeating, own, translated
 from activities.tool_run import not_this_host
 from activities.tools.paths import Workspace
 from activities.tools.settings import ToolSettings
 from sessionflow.models import events as ev
-from sessionflow.models.drain import RevertInput, RevertRequest
+from sessionflow.models.drain import LOCAL_HOST, ClaimRef, RevertInput, RevertRequest
 from sessionflow.models.journal import (
     FileState,
     RevertPath,
@@ -42,7 +44,9 @@ from sessionflow.models.journal import (
     hidden_range,
     visible,
 )
+from sessionflow.models.messages import Message
 from store import Store
+from store.db import Tx
 from store.sessions import SessionInfo
 
 _DIFF_BYTES = 256 * 1024  # a dry run's line counts cover text files up to this size
@@ -189,21 +193,15 @@ class RewindActivities:
             plan, goals = await self._goals(session, asked, entries, reverts)
             if plan.refused is not None:
                 return plan
-            settings = context.tool_settings(self.rt.tools)
-            kept = {g.path: await self._kept(g.to) for g in goals if g.to is not None}
-            paths, contents = await asyncio.to_thread(
-                _decide_all, session.directory, settings, goals, kept, set(asked.force)
-            )
-            if asked.dry_run:
-                paths = [await self._with_diff(p, contents.get(p.path)) for p in paths]
-            plan = plan.model_copy(update={"paths": tuple(paths)})
+            plan, contents = await self._planned(session, asked, plan, goals)
             if asked.dry_run or plan.refusals or request.claim is None:
                 return plan
             # What a forced path held instead is kept first: an unrevert gives it back.
             await store.blobs.put_many(
-                c for p in paths if p.forced and (c := contents.get(p.path)) is not None
+                c for p in plan.paths if p.forced and (c := contents.get(p.path)) is not None
             )
-            restored = {p.path: await self._content(p.to) for p in paths if p.action == "restore"}
+            restored = await self._restored(plan)
+            settings = context.tool_settings(self.rt.tools)
             await asyncio.to_thread(_apply_all, session.directory, settings, plan, restored)
             claim = await own(store, request.claim)
             event = _event(session.id, asked, plan)
@@ -212,6 +210,103 @@ class RewindActivities:
                 claim, lambda tx: store.events.publish(event, id=event_id, tx=tx)
             )
             return plan.model_copy(update={"applied": True})
+
+    @activity.defn
+    async def fork_workspace(self, request: RevertInput) -> RevertPlan:
+        """Plan the fork on this host; unless a dry run or refused, copy the workspace with
+        the plan's paths put back, then write the fork's log and ``session.forked`` under
+        the claim, and rename the copy into place (``activities/fork.py``)."""
+        store, asked = self.rt.store, request.request
+        assert asked.fork_session_id is not None and asked.directory is not None
+        beating = heartbeating(store, request.claim) if request.claim else contextlib.nullcontext()
+        async with translated(), beating:
+            session = await store.sessions.get(request.session_id)
+            if not self.rt.runs_tools_of(session):
+                raise not_this_host(self.rt.host, session.host)
+            base = RevertPlan(
+                session_id=session.id,
+                message_id=asked.message_id or "",
+                kind="fork",
+                fork_session_id=asked.fork_session_id,
+                directory=asked.directory,
+            )
+            split = await self.split(session, asked.message_id or "")
+            made = await self._forked(session.id, asked.fork_session_id)
+            refused = split if isinstance(split, str) else None
+            if refused is None and made is None:
+                refused = await asyncio.to_thread(
+                    fork.where_refused, session.directory, asked.directory
+                )
+            if refused is not None or isinstance(split, str):
+                return base.model_copy(update={"refused": refused})
+            history, later = split
+            entries, _reverts = await read_journal(store, session.id)
+            goals = revert_goals(entries, {m.id for m in later})
+            plan, _ = await self._planned(session, asked, base, goals, seen=fork.in_the_copy)
+            if asked.dry_run or plan.refusals or request.claim is None:
+                return plan
+            staged = fork.staging(asked.directory, asked.fork_session_id)
+            if made is None:
+                made = await self._fork(session, asked, plan, history, staged, request.claim)
+            await asyncio.to_thread(fork.put_in_place, staged, asked.directory)
+            return plan.model_copy(update={"applied": True, "left_out": made.left_out})
+
+    async def _fork(
+        self,
+        session: SessionInfo,
+        request: RevertRequest,
+        plan: RevertPlan,
+        history: list[Message],
+        staged: str,
+        held: ClaimRef,
+    ) -> ev.SessionForked:
+        """The copy in ``staged``, then the fork's log and the source's ``session.forked``."""
+        store, fork_id = self.rt.store, request.fork_session_id
+        assert fork_id is not None and request.directory is not None
+        settings = context.tool_settings(self.rt.tools)
+        restored = await self._restored(plan)
+
+        def copy() -> list[str]:
+            left_out = fork.copy_workspace(session.directory, staged, settings)
+            _apply_all(staged, settings, plan, restored)
+            return left_out
+
+        left_out = await asyncio.to_thread(copy)
+        observed = None
+        if session.host != LOCAL_HOST:  # turns on other hosts read them from the store
+            observed = await asyncio.to_thread(instructions, staged, self.rt.tools)
+        journal = [
+            e.data
+            for e in await store.events.all_of(session.id, [ev.FilesChanged])
+            if isinstance(e.data, ev.FilesChanged)
+        ]
+        forks = len(await store.events.all_of(session.id, [ev.SessionForked]))
+        title = fork.fork_title(session, forks)
+        log = fork.fork_log(session, fork_id, request.directory, title, history, journal, observed)
+        forked = ev.SessionForked(
+            session_id=session.id,
+            message_id=plan.message_id,
+            fork_session_id=fork_id,
+            directory=request.directory,
+            paths=_paths(plan),
+            left_out=tuple(left_out),
+        )
+        claim = await own(store, held)
+
+        async def write(tx: Tx) -> None:
+            with tx.unstamped():
+                await store.events.publish_many(log.events, tx=tx)
+            await store.events.publish(forked, id=f"evt_{request.request_id}_fork", tx=tx)
+
+        await store.claims.run_fenced(claim, write)
+        return forked
+
+    async def _forked(self, session_id: str, fork_id: str) -> ev.SessionForked | None:
+        """The source's record of the fork ``fork_id``, once made (a retry after it)."""
+        for stored in await self.rt.store.events.all_of(session_id, [ev.SessionForked]):
+            if isinstance(stored.data, ev.SessionForked) and stored.data.fork_session_id == fork_id:
+                return stored.data
+        return None
 
     async def _goals(
         self,
@@ -236,22 +331,55 @@ class RewindActivities:
                 return base.model_copy(update={"refused": why}), []
             base = base.model_copy(update={"message_id": last.message_id})
             return base, unrevert_goals(entries, last)
-        messages = await self.rt.store.sessions.messages(session.id)
-        target = next((m for m in messages if m.id == request.message_id), None)
-        if target is None:
-            why = f"no message {request.message_id!r} in session {session.id}"
-            return base.model_copy(update={"refused": why}), []
-        if staged is not None and staged[0] <= target.seq < staged[1]:
-            why = f"message {target.id} is hidden by the last revert: unrevert first"
-            return base.model_copy(update={"refused": why}), []
-        # The messages after it that are still shown (a staged revert already undid the
-        # changes of those it hides, and this one hides them too).
-        later = [m for m in visible(messages, session.settings) if m.seq > target.seq]
+        split = await self.split(session, request.message_id or "")
+        if isinstance(split, str):
+            return base.model_copy(update={"refused": split}), []
+        _kept, later = split
         if not later:
-            why = f"nothing comes after message {target.id}: there is nothing to revert"
+            why = f"nothing comes after message {request.message_id}: there is nothing to revert"
             return base.model_copy(update={"refused": why}), []
         base = base.model_copy(update={"boundary_seq": later[0].seq})
         return base, revert_goals(entries, {m.id for m in later})
+
+    async def split(
+        self, session: SessionInfo, message_id: str
+    ) -> tuple[list[Message], list[Message]] | str:
+        """The shown history up to ``message_id`` and the shown messages after it (a staged
+        revert already undid the changes of those it hides), or why there is no such split."""
+        messages = await self.rt.store.sessions.messages(session.id)
+        target = next((m for m in messages if m.id == message_id), None)
+        if target is None:
+            return f"no message {message_id!r} in session {session.id}"
+        staged = hidden_range(session.settings)
+        if staged is not None and staged[0] <= target.seq < staged[1]:
+            return f"message {target.id} is hidden by the last revert: unrevert first"
+        shown = visible(messages, session.settings)
+        return [m for m in shown if m.seq <= target.seq], [m for m in shown if m.seq > target.seq]
+
+    async def _planned(
+        self,
+        session: SessionInfo,
+        request: RevertRequest,
+        plan: RevertPlan,
+        goals: list[Goal],
+        *,
+        seen: Callable[[RevertPath], RevertPath] = lambda path: path,
+    ) -> tuple[RevertPlan, dict[str, bytes]]:
+        """``plan`` with its paths decided against the workspace as it is now (each passed
+        through ``seen``), with a diff summary for a dry run, and what they hold (within the
+        cap)."""
+        settings = context.tool_settings(self.rt.tools)
+        kept = {g.path: await self._kept(g.to) for g in goals if g.to is not None}
+        decided, contents = await asyncio.to_thread(
+            _decide_all, session.directory, settings, goals, kept, set(request.force)
+        )
+        paths = [seen(p) for p in decided]
+        if request.dry_run:
+            paths = [await self._with_diff(p, contents.get(p.path)) for p in paths]
+        return plan.model_copy(update={"paths": tuple(paths)}), contents
+
+    async def _restored(self, plan: RevertPlan) -> dict[str, bytes | None]:
+        return {p.path: await self._content(p.to) for p in plan.paths if p.action == "restore"}
 
     async def _kept(self, state: FileState) -> bool:
         if state.kind == "symlink":
@@ -277,12 +405,17 @@ class RewindActivities:
         return path.model_copy(update={"added": added, "removed": removed})
 
 
-def _event(session_id: str, request: RevertRequest, plan: RevertPlan) -> ev.Event:
-    paths = tuple(
+def _paths(plan: RevertPlan) -> tuple[ev.RevertedPath, ...]:
+    """The paths ``plan`` gave back, as its event records them."""
+    return tuple(
         ev.RevertedPath(path=p.path, was=was(p), to=p.to)
         for p in plan.paths
         if not (p.forced and p.action == "unchanged")
     )
+
+
+def _event(session_id: str, request: RevertRequest, plan: RevertPlan) -> ev.Event:
+    paths = _paths(plan)
     forced = tuple(p.path for p in plan.paths if p.forced)
     if request.kind == "unrevert":
         return ev.SessionUnreverted(

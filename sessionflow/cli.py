@@ -710,6 +710,29 @@ def unrevert(
     _rewound(run(work), as_json)
 
 
+@app.command()
+def fork(
+    session: str = typer.Argument(..., help="Session id"),
+    message: str = typer.Argument(..., help="The last message the fork keeps"),
+    workspace: str = typer.Argument(..., help="A new directory for the fork's workspace"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be copied; do nothing"),
+    force: list[str] = typer.Option(
+        [], "--force", help="A path to copy as it is now when its content then is unknown"
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """A new session with the history up to MESSAGE and a copy of the workspace as it was
+    then, in WORKSPACE; the session itself is not changed."""
+
+    async def work() -> Any:
+        async with session_client() as client:
+            return await client.fork(
+                session, message, workspace=workspace, dry_run=dry_run, force=force
+            )
+
+    _rewound(run(work), as_json)
+
+
 def _rewound(plan: RevertPlan, as_json: bool) -> None:
     """A revert's plan, path by path; exits 1 when it was refused."""
     from rich.markup import escape
@@ -735,6 +758,11 @@ def _rewound(plan: RevertPlan, as_json: bool) -> None:
         out.print(f"[red]refused:[/] {escape(plan.refused)}", highlight=False, soft_wrap=True)
     elif plan.refusals:
         out.print("[red]refused: nothing was changed[/]", highlight=False)
+    elif plan.applied and plan.kind == "fork":
+        for skipped in plan.left_out:
+            out.print(f"left out {escape(skipped)} (protected or not a file)", highlight=False)
+        done = f"forked {plan.session_id} at {plan.message_id}: {plan.fork_session_id}"
+        out.print(f"{done} in {escape(plan.directory or '')}", highlight=False, soft_wrap=True)
     elif plan.applied:
         done = f"{plan.kind} of {plan.session_id} to {plan.message_id}: done"
         out.print(done, highlight=False)

@@ -49,6 +49,7 @@ from sessionflow.errors import (
     StoreMismatchError,
     WrongRequestKindError,
 )
+from sessionflow.ids import session_id as session_id_of_fork
 from sessionflow.ids import validate_id
 from sessionflow.models import events as ev
 from sessionflow.models.common import (
@@ -466,6 +467,35 @@ class SessionClient:
         """Undo the last revert while no prompt came after it (files and messages)."""
         request = RevertRequest(
             request_id=f"unrevert-{uuid.uuid4()}", kind="unrevert", force=tuple(force)
+        )
+        return await self._revert(session_id, request)
+
+    async def fork(
+        self,
+        session_id: str,
+        message_id: str,
+        *,
+        workspace: str,
+        dry_run: bool = False,
+        force: Sequence[str] = (),
+        fork_id: str | None = None,
+    ) -> RevertPlan:
+        """A new session (``fork_session_id`` of the plan) with this one's history up to
+        ``message_id`` (kept) and a copy of its workspace as it was then, in ``workspace``:
+        a new directory on the session's host (a relative path is the caller's, on the
+        ``local`` host only). The source is not changed; between its busy periods only. A
+        path whose content then the journal lacks refuses the fork unless named in
+        ``force`` (the copy keeps it as it is now); ``dry_run`` only says what would happen."""
+        new = validate_id(fork_id) if fork_id is not None else session_id_of_fork()
+        info = await self.store.sessions.get(session_id)
+        request = RevertRequest(
+            request_id=f"fork-{uuid.uuid4()}",
+            kind="fork",
+            message_id=message_id,
+            dry_run=dry_run,
+            force=tuple(force),
+            directory=validate.new_workspace(workspace, info.host),
+            fork_session_id=new,
         )
         return await self._revert(session_id, request)
 

@@ -33,6 +33,20 @@ def workspace(directory: str | Path) -> str:
     return str(path)
 
 
+def new_workspace(directory: str | Path, host: str) -> str:
+    """A workspace to create on ``host`` (a fork's): made absolute on this machine's own
+    host; elsewhere it must be absolute already (the host checks the rest)."""
+    if host == "local":
+        return str(Path(directory).expanduser().absolute())
+    if not str(directory).startswith("/"):
+        raise InvalidInputError(
+            f"Workspace {directory} must be an absolute path on host {host}: a relative path "
+            "names a directory of this machine, not of that host",
+            field="workspace",
+        )
+    return str(directory)
+
+
 def model(ref: str | ModelRef) -> ModelRef:
     """``ref`` parsed and checked; a scripted model's script is loaded and made absolute."""
     parsed = ModelRef.parse(ref) if isinstance(ref, str) else ref

@@ -159,6 +159,25 @@ class Renderer:
         paths = ", ".join(escape(p["path"]) for p in data["paths"][:10]) or "no file"
         self._line(f"[bold yellow]unreverted[/] {escape(data['message_id'])}: {paths}")
 
+    def _forked(self, data: dict[str, Any]) -> None:
+        where = f"{escape(data['fork_session_id'])} in {escape(data['directory'])}"
+        self._line(f"[bold yellow]forked[/] at {escape(data['message_id'])}: {where}")
+
+    def _message_copied(self, data: dict[str, Any]) -> None:
+        """A fork's history, as its source's watch showed it (prompts and answers)."""
+        message = data["message"]
+        if message["type"] == "user":
+            text = message["text"]
+            self._line(f"[bold cyan]you[/] {escape(text if self.full else cut(text))}")
+        elif message["type"] == "assistant":
+            model = message["model"]
+            self._line(f"[bold magenta]assistant[/] [dim]{model['provider_id']}/{model['id']}[/]")
+            for part in message["content"]:
+                if part["type"] == "text":
+                    self._write(part["text"] + "\n")
+                elif part["type"] == "tool":
+                    self._line(f"[dim]tool {escape(part['name'])}: {part['state']['status']}[/]")
+
     def _step_started(self, data: dict[str, Any]) -> None:
         model = data["model"]
         self._line(f"[bold magenta]assistant[/] [dim]{model['provider_id']}/{model['id']}[/]")

@@ -25,8 +25,8 @@ import os
 import random
 import select
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -106,6 +106,16 @@ class Tx:
         """Run the ``before_commit`` hooks (each once, in order, hooks added meanwhile too)."""
         while self.before_commit:
             await self.before_commit.pop(0)(self)
+
+    @contextmanager
+    def unstamped(self) -> Iterator[None]:
+        """Events written meanwhile carry no claim: they belong to another session than the
+        one this transaction's claim fences (a fork's log, made under its source's claim)."""
+        stamp, self.stamp = self.stamp, None
+        try:
+            yield
+        finally:
+            self.stamp = stamp
 
 
 def _sqlite_connect_hook(dbapi_connection: Any, _record: Any) -> None:

@@ -90,6 +90,7 @@ async def _created(tx: Tx, stored: StoredEvent, event: ev.SessionCreated) -> Non
         "agent": event.agent,
         "host": event.host,
         "settings": codec.dumps(_observing(event.settings, event.observed)),
+        "request_count": event.requests,
         "time_created": stored.created,
         "time_updated": stored.created,
     }
@@ -168,6 +169,21 @@ async def _revert_committed(tx: Tx, stored: StoredEvent, event: ev.RevertCommitt
         )
     )
     _messages(tx).clear()
+
+
+@handles(ev.MessageCopied)
+async def _copied(tx: Tx, stored: StoredEvent, event: ev.MessageCopied) -> None:
+    """A fork's message, as it was in the session it came from (its time kept), and its
+    step's usage in the fork's totals (reference §8.3: a fork recomputes them)."""
+    message = event.message
+    if message.session_id != event.session_id or message.seq != stored.seq:
+        raise InvalidDurableEventError(
+            f"A copied message must name its session {event.session_id} and its event's seq "
+            f"{stored.seq}, not {message.session_id} at {message.seq}"
+        )
+    await _insert_message(tx, stored, message.model_copy(deep=True), created=message.time_created)
+    if isinstance(message, AssistantMessage) and message.time_completed is not None:
+        await _add_usage(tx, stored, message.cost, message.tokens)
 
 
 @handles(ev.WorkspaceObserved)
@@ -398,19 +414,22 @@ def assemble(rows: Sequence[Any]) -> Any:
     return message
 
 
-async def _insert_message(tx: Tx, stored: StoredEvent, message: Any) -> None:
+async def _insert_message(
+    tx: Tx, stored: StoredEvent, message: Any, *, created: int | None = None
+) -> None:
     params = {
         "mid": message.id,
         "sid": message.session_id,
         "kind": message.type,
         "message_seq": message.seq,
-        "created": stored.created,
+        "created": stored.created if created is None else created,
         "body": message_row(message),
     }
     if await _INSERT_MESSAGE.first(tx.conn, tx.dialect, params) is None:
         raise LifecycleConflictError(message.id, "a message with this id already exists")
-    # A new assistant message has no parts yet.
-    _messages(tx)[message.id] = _Loaded(message)
+    # A new assistant message has no parts yet (a copied one has: all of them are written).
+    parts = len(message.content) if isinstance(message, AssistantMessage) else 0
+    _messages(tx)[message.id] = _Loaded(message, changed_parts=set(range(parts)))
 
 
 async def _save_message(tx: Tx, stored: StoredEvent, message: Any) -> None:

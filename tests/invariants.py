@@ -38,6 +38,8 @@ UNSTAMPED = {
     "session.context.set",
     "session.context.deleted",
 }
+# A fork's log up to its first busy period: written under its source's claim, not its own.
+FORK_LOG = {"session.message.copied", "session.files.changed"}
 
 
 async def final_log(store: Store, session_id: str) -> list[StoredEvent]:
@@ -126,7 +128,8 @@ def _stamps(events: Sequence[StoredEvent]) -> list[str]:
     epoch = 0
     for event in events:
         if event.execution_id is None:
-            if _kind(event) not in UNSTAMPED:
+            copied = epoch == 0 and _kind(event) in FORK_LOG  # before any claim of its own
+            if _kind(event) not in UNSTAMPED and not copied:
                 found.append(f"I4: {_kind(event)} at seq {event.seq} written under no claim")
             continue
         if event.epoch is None or event.epoch < epoch:

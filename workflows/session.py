@@ -224,6 +224,11 @@ class SessionWorkflow:
         await workflow.wait_condition(lambda: request.request_id in self.reverted)
         return self.reverted[request.request_id]
 
+    @revert.validator
+    def _valid_revert(self, request: RevertRequest) -> None:
+        if request.kind == "fork" and not (request.fork_session_id and request.directory):
+            raise ValueError("a fork names its new session and its workspace")
+
     @workflow.signal(name="interrupt")
     def interrupt_signal(self, request: InterruptRequest | None = None) -> None:
         self._interrupt(request or InterruptRequest())
@@ -394,7 +399,7 @@ class SessionWorkflow:
         if prep is not None and prep.run:
             self.reverted[request.request_id] = _busy_revert(self.session_id, request)
             return
-        self.phase = "reverting"
+        self.phase = "forking" if request.kind == "fork" else "reverting"
         host = prep.host if prep is not None else request.host
         revert = RevertInput(
             session_id=self.session_id,
@@ -408,7 +413,7 @@ class SessionWorkflow:
                 session_id=self.session_id,
                 message_id=request.message_id or "",
                 kind=request.kind,
-                refused=f"the revert failed: {_activity_error(error).message}",
+                refused=f"the {request.kind} failed: {_activity_error(error).message}",
             )
             self.reverted[request.request_id] = failed
         for old in list(self.reverted)[:-20]:
@@ -419,7 +424,8 @@ class SessionWorkflow:
         queue = None if host == LOCAL_HOST else tool_queue(workflow.info().task_queue, host)
         options = replace(REVERT, task_queue=queue)
         summary = f"{request.request.kind} {request.request.message_id or ''}".strip()
-        return await call("revert_workspace", request, RevertPlan, summary, options)
+        name = "fork_workspace" if request.request.kind == "fork" else "revert_workspace"
+        return await call(name, request, RevertPlan, summary, options)
 
     async def _acquire(self, period: int, force: bool) -> ClaimRef:
         info = workflow.info()
@@ -934,8 +940,8 @@ def _stopped_by_interrupt(error: ActivityError, *, claimed: bool) -> bool:
 
 def _busy_revert(session_id: str, request: RevertRequest) -> RevertPlan:
     why = (
-        "the session is busy: a revert runs between busy periods only; wait until it is "
-        "idle (or interrupt it), then revert again"
+        f"the session is busy: a {request.kind} runs between busy periods only; wait until "
+        f"it is idle (or interrupt it), then {request.kind} again"
     )
     return RevertPlan(
         session_id=session_id, message_id=request.message_id or "", kind=request.kind, refused=why

@@ -78,6 +78,23 @@ class RevertSession(Body):
     )
 
 
+class ForkSession(Body):
+    message_id: str = Field(description="the last message the fork keeps")
+    workspace: str = Field(description="a new directory for the fork, on the session's host")
+    dry_run: bool = Field(default=False, description="say what would be copied; do nothing")
+    force: list[str] = Field(
+        default_factory=list,
+        description="paths copied as they are now although their content then is unknown",
+    )
+
+    @field_validator("workspace")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not posixpath.isabs(value):
+            raise ValueError("the workspace must be an absolute path on the session's host")
+        return value
+
+
 class UnrevertSession(Body):
     force: list[str] = Field(
         default_factory=list, description="paths to put back although they changed since"

@@ -152,15 +152,19 @@ class ResumeRequest(Model):
 
 class RevertRequest(Model):
     """A revert of the session's conversation and workspace to ``message_id`` (the last
-    message kept), or an ``unrevert`` of the last one; ``force``: paths restored (or left as
-    they are) although they changed since; ``dry_run``: the plan only."""
+    message kept), an ``unrevert`` of the last one, or a ``fork``: a new session
+    (``fork_session_id``) with the history up to ``message_id`` and a copy of the workspace
+    as it was then, in ``directory``. ``force``: paths restored (or left as they are)
+    although a refusal names them; ``dry_run``: the plan only."""
 
     request_id: str
-    kind: Literal["revert", "unrevert"] = "revert"
+    kind: Literal["revert", "unrevert", "fork"] = "revert"
     message_id: str | None = None
     dry_run: bool = False
     force: tuple[str, ...] = ()
     host: str = "local"  # where the workspace is, as the session said when asked
+    directory: str | None = None  # a fork's workspace (absolute, on the session's host)
+    fork_session_id: str | None = None
 
 
 class RevertInput(Model):

@@ -23,6 +23,7 @@ from sessionflow.models.common import (
     Tokens,
 )
 from sessionflow.models.journal import FileChange, FileState
+from sessionflow.models.messages import Message
 from sessionflow.models.permissions import Decision, PermissionRequest, Rule
 from sessionflow.models.spend import Budget
 
@@ -80,6 +81,8 @@ class SessionCreated(SessionEventBase):
     # workspace held when that host checked it (file name -> text).
     host: str | None = None
     observed: dict[str, str] | None = None
+    # A fork's provider requests so far: its source's (a scripted model goes on from there).
+    requests: int = 0
 
 
 class SessionMoved(SessionEventBase):
@@ -454,6 +457,28 @@ class RevertCommitted(SessionEventBase):
     boundary_seq: int
 
 
+class MessageCopied(SessionEventBase):
+    """A fork's copy of one message of the session it came from (``from_message_id`` there),
+    under a new id, at this event's seq: a fork's log replays its history by itself."""
+
+    type: Literal["session.message.copied"] = "session.message.copied"
+    message: Message
+    from_message_id: str
+
+
+class SessionForked(SessionEventBase):
+    """A new session (``fork_session_id``, in ``directory``) was made from this one's history
+    up to ``message_id`` and its workspace as it was then (``paths``: what the copy restored).
+    Written last, after the fork's own log, in the same transaction."""
+
+    type: Literal["session.forked"] = "session.forked"
+    message_id: str
+    fork_session_id: str
+    directory: str
+    paths: tuple[RevertedPath, ...] = ()
+    left_out: tuple[str, ...] = ()  # protected paths and special files, not copied
+
+
 # --- permissions and questions ------------------------------------------------------------------
 
 
@@ -524,7 +549,9 @@ SessionEvent = Annotated[
     | FilesChanged
     | SessionReverted
     | SessionUnreverted
-    | RevertCommitted,
+    | RevertCommitted
+    | MessageCopied
+    | SessionForked,
     Field(discriminator="type"),
 ]
 

@@ -87,18 +87,24 @@ class RevertPath(Model):
 
 
 class RevertPlan(Model):
-    """What a revert to ``message_id`` (or an unrevert) does, path by path. ``applied`` once
+    """What a revert to ``message_id`` (or an unrevert, or a fork) does, path by path (a
+    fork's paths are restored in its copy of the workspace). ``applied`` once
     the paths were restored and the event written."""
 
     session_id: str
     message_id: str
-    kind: Literal["revert", "unrevert"] = "revert"
+    kind: Literal["revert", "unrevert", "fork"] = "revert"
     paths: tuple[RevertPath, ...] = ()
     # A revert hides the messages from this seq on (the first message after ``message_id``).
     boundary_seq: int | None = None
     applied: bool = False
     # Why nothing was done at all (busy, no such message, nothing to unrevert).
     refused: str | None = None
+    # A fork's new session and its workspace, and the protected paths and special files
+    # (sockets, pipes, devices) its copy left out.
+    fork_session_id: str | None = None
+    directory: str | None = None
+    left_out: tuple[str, ...] = ()
 
     @property
     def refusals(self) -> tuple[RevertPath, ...]:

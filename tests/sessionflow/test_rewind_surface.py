@@ -1,6 +1,6 @@
-"""Rewind from the outside: ``sessionflow revert`` / ``unrevert`` (dry run, refusal, force) on
-a session whose tools run on host ``b`` (the revert runs on that host's queue), and
-``POST /sessions/{id}/revert`` / ``unrevert`` with their 409 refusals."""
+"""Rewind from the outside: ``sessionflow revert`` / ``unrevert`` / ``fork`` (dry run,
+refusal, force) on a session whose tools run on host ``b`` (they run on that host's queue),
+and ``POST /sessions/{id}/revert`` / ``unrevert`` / ``fork`` with their 409 refusals."""
 
 from __future__ import annotations
 
@@ -63,6 +63,25 @@ async def test_cli_reverts_on_the_sessions_host(on_b: tuple[Cli, Harness]) -> No
     assert again.returncode == 1 and "nothing to unrevert" in again.stdout
     assert "Traceback" not in again.stderr
 
+    (h.workspace / "AGENTS.md").write_text("be brief\n")
+    copy = h.root / "forked"
+    forked = await run.run("fork", sid, receipt.id, str(copy))  # on host b, as the session
+    assert forked.returncode == 0, forked.stdout + forked.stderr
+    assert f"forked {sid} at {receipt.id}" in forked.stdout and not (copy / "notes.txt").exists()
+    assert (copy / "AGENTS.md").read_text() == "be brief\n"
+    fid = forked.stdout.rsplit(": ", 1)[1].split()[0]
+    info = await h.client.store.sessions.get(fid)
+    assert info.host == "b" and info.directory == str(copy)
+    assert info.settings["observed"] == {"AGENTS.md": "be brief\n"}  # read on host b
+    watched = await run.run("watch", fid, "--until-idle")
+    assert "you write it" in watched.stdout, watched.stdout  # the fork's copied history
+    watched = await run.run("watch", sid, "--until-idle")
+    assert f"forked at {receipt.id}: {fid}" in watched.stdout, watched.stdout
+    taken = await run.run("fork", sid, receipt.id, str(copy))
+    assert taken.returncode == 1 and "already exists" in taken.stdout
+    relative = await run.run("fork", sid, receipt.id, "elsewhere")
+    assert relative.returncode != 0 and "absolute path on host b" in relative.stderr
+
 
 async def test_api_reverts_and_answers_409_when_refused(
     temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
@@ -95,3 +114,12 @@ async def test_api_reverts_and_answers_409_when_refused(
         assert back.status_code == 200 and (h.workspace / "a.txt").read_text() == "a\n"
         bad = await http.post(f"/sessions/{sid}/revert", json={})
         assert bad.status_code == 422
+        body = {"message_id": receipt.id, "workspace": str(tmp_path / "forked")}
+        forked = await http.post(f"/sessions/{sid}/fork", json=body)
+        assert forked.status_code == 200 and forked.json()["applied"], forked.text
+        fid = forked.json()["fork_session_id"]
+        assert [m["type"] for m in (await http.get(f"/sessions/{fid}/messages")).json()] == ["user"]
+        again = await http.post(f"/sessions/{sid}/fork", json=body)
+        assert again.status_code == 409 and "already exists" in again.json()["refused"]
+        relative = await http.post(f"/sessions/{sid}/fork", json={**body, "workspace": "x"})
+        assert relative.status_code == 422

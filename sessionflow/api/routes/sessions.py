@@ -7,7 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from sessionflow.api.deps import Client, SessionId
-from sessionflow.api.schemas import CreateSession, MoveSession, RevertSession, UnrevertSession
+from sessionflow.api.schemas import (
+    CreateSession,
+    ForkSession,
+    MoveSession,
+    RevertSession,
+    UnrevertSession,
+)
 from sessionflow.catalogue import ToolInfo
 from sessionflow.client import Job, Usage
 from sessionflow.models.journal import RevertPlan
@@ -91,6 +97,25 @@ async def unrevert(
 ) -> RevertPlan:
     """Undo the last revert while no prompt came after it; 409 when refused."""
     plan = await client.unrevert(session_id, force=body.force)
+    if plan.refused is not None or plan.refusals:
+        response.status_code = 409
+    return plan
+
+
+@router.post("/{session_id}/fork", response_model=RevertPlan)
+async def fork(
+    session_id: SessionId, body: ForkSession, client: Client, response: Response
+) -> RevertPlan:
+    """A new session (``fork_session_id``) with the history up to ``message_id`` and a copy
+    of the workspace as it was then, in ``workspace``; between busy periods. 409 when
+    refused (busy, the directory exists, a path's content then is unknown: ``force`` it)."""
+    plan = await client.fork(
+        session_id,
+        body.message_id,
+        workspace=body.workspace,
+        dry_run=body.dry_run,
+        force=body.force,
+    )
     if plan.refused is not None or plan.refusals:
         response.status_code = 409
     return plan

@@ -212,6 +212,14 @@ const handlers = {
   "session.revert.committed": () => {
     for (const node of transcript.querySelectorAll(".reverted")) node.remove();
   },
+  "session.message.copied": (d) => copied(d.message),
+  "session.forked": (d) => {
+    const note = el("div", "marker fork", `forked at ${d.message_id}: `);
+    const link = el("a", "fork", `session ${d.fork_session_id}`);
+    link.href = `/view/${encodeURIComponent(d.fork_session_id)}`;
+    note.append(link, document.createTextNode(` in ${d.directory}`));
+    transcript.append(note);
+  },
   "session.execution.started": () => setState("busy"),
   "session.execution.succeeded": () => { setState("idle"); marker("done", "succeeded"); },
   "session.execution.interrupted": (d) => {
@@ -301,6 +309,35 @@ const handlers = {
   "session.compaction.ended": () => marker("history compacted"),
   "session.compaction.failed": (d) => marker(`compaction failed: ${d.error.message}`, "error"),
 };
+
+// A fork's history, one copied message at a time, drawn as the events first drew it.
+function copied(m) {
+  if (m.type === "user") {
+    const node = el("div", "user", m.text);
+    node.append(el("span", "badge", "delivered"));
+    transcript.append(node);
+    revertButton(node, m.id);
+  } else if (m.type === "assistant") {
+    for (const p of m.content) {
+      if (p.type === "tool") {
+        const node = card(m.id, p.call_id, p.name);
+        node.querySelector(".input").textContent = JSON.stringify(p.state.input, null, 2);
+        const output = node.querySelector(".output");
+        const failed = p.state.status === "error";
+        output.textContent = failed ? p.state.error.message : contentText(p.state.content);
+        if (failed) output.classList.add("error");
+        setCard(node, p.state.status, m.time_created);
+      } else {
+        part(m.id, p.type, p.ordinal).textContent = p.text;
+      }
+    }
+    revertButton(assistant(m.id), m.id);
+  } else if (m.type === "compaction") {
+    marker("history compacted");
+  } else if (m.text) {
+    marker(m.text);
+  }
+}
 
 function files(paths) {
   return paths.length ? paths.map((p) => p.path).join(", ") : "no file changed";

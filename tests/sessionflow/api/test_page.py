@@ -395,5 +395,15 @@ async def test_the_page_reverts_to_a_message_and_hides_what_came_after(
             assert not written.exists()
             await page.locator(".user button.revert").click()  # nothing after it any more
             await expect(page.locator("#notice")).to_contain_text("nothing comes after")
+
+            await api.h.client.unrevert(sid)
+            last = (await api.h.client.messages(sid))[-1].id
+            plan = await api.h.client.fork(sid, last, workspace=str(api.h.root / "forked"))
+            assert plan.applied and plan.fork_session_id, plan
+            await expect(page.locator("a.fork")).to_have_text(f"session {plan.fork_session_id}")
+            await page.locator("a.fork").click()  # the fork's page draws its copied history
+            await expect(page.locator(".user")).to_contain_text("Write the page file")
+            await expect(page.locator(".tool .status")).to_have_text(["completed"])
+            await expect(page.locator(".assistant .text")).to_have_text(["Written."])
         finally:
             await page.close()
