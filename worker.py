@@ -64,6 +64,7 @@ from sessionflow.models.drain import (
 )
 from sessionflow.settings import Settings
 from store import Store, open_store
+from store.blobs import Retention
 from workflows.hosts import WorkspaceCheck
 from workflows.session import SessionWorkflow
 from workflows.sweep import RecoverySweep
@@ -130,6 +131,12 @@ def _plugin(entry: str) -> list[Any]:
 def builtin_tools(settings: Settings | None = None) -> list[Any]:
     """The built-ins, protecting the store's own SQLite files wherever they are."""
     return default_registry(tool_settings(settings or Settings.from_env())).tools()
+
+
+def retention(settings: Settings) -> Retention:
+    """The journal's retention as the settings say (0: no such bound)."""
+    days, total = settings.journal_keep_days, settings.journal_max_total_bytes
+    return Retention(unnamed_ms=int(days * 86_400_000) or None, max_bytes=total or None)
 
 
 def tool_settings(settings: Settings) -> ToolSettings:
@@ -209,6 +216,7 @@ def build_worker(
     host: str = LOCAL_HOST,
     serve: str = "all",
     capacity: Capacity | None = None,
+    retention: Retention | None = None,
 ) -> SessionWorker:
     """The worker with the defaults of DESIGN "Worker defaults".
 
@@ -249,6 +257,7 @@ def build_worker(
         max_depth=max_depth,
         host=None if serve == "turns" else host,
         capacity=capacity or Capacity.from_env(),
+        retention=retention or Retention(),
     )
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     common: dict[str, Any] = {
@@ -422,6 +431,7 @@ async def main() -> None:
         max_depth=settings.max_depth,
         host=settings.host,
         serve=settings.serve,
+        retention=retention(settings),
     )
     if settings.serve != "tools":  # a tools-only host runs no workflows of the shared queue
         await ensure_sweep_schedule(client, store=store, task_queue=task_queue)

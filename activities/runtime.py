@@ -34,6 +34,7 @@ from sessionflow.errors import (
 from sessionflow.models.common import ModelRef
 from sessionflow.models.drain import LOCAL_HOST, ClaimRef
 from store import Store
+from store.blobs import Retention
 from store.claims import Claim
 from store.sessions import SessionInfo
 
@@ -81,6 +82,8 @@ class Runtime:
     host: str | None = LOCAL_HOST
     # The rate governor's keys and limits (``SESSIONFLOW_RATE_LIMITS``).
     capacity: Capacity = field(default_factory=Capacity)
+    # How long and how much of the journal's content the recovery sweep keeps.
+    retention: Retention = field(default_factory=Retention)
 
     def __post_init__(self) -> None:
         # Every worker offers ``task`` when its agents include a subagent.

@@ -10,9 +10,15 @@ more recently: an operator terminated the run, or it timed out. Temporal knows a
 sweep does not wait for the lease: the drain it starts takes over at once (``closed_owner`` in
 ``activities/session.py``). Which sessions run is one visibility query per sweep, not a call
 per claim; each candidate is confirmed by describing its workflow (visibility lags).
+
+The sweep also prunes the file-change journal's content past its retention
+(``store/blobs.py``), at most every ten minutes per worker.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
@@ -31,12 +37,15 @@ from sessionflow.models.drain import (
 from store.claims import Phase
 
 _SESSION_ID = SearchAttributeKey.for_keyword(SESSION_ID_SEARCH_ATTRIBUTE)
+PRUNE_EVERY_S = 600.0
+log = logging.getLogger(__name__)
 
 
 class SweepActivities:
     def __init__(self, runtime: Runtime, *, task_queue: str) -> None:
         self.rt = runtime
         self.task_queue = task_queue
+        self.pruned_at: float | None = None
 
     @activity.defn
     async def sweep_recoverable(self, request: SweepInput) -> SweepResult:
@@ -69,7 +78,19 @@ class SweepActivities:
             )
             woken.append(session_id)
             activity.heartbeat(len(woken))
+        await self._prune()
         return SweepResult(woken=tuple(woken), skipped=tuple(skipped))
+
+    async def _prune(self) -> None:
+        """The journal's content past its retention, at most every ``PRUNE_EVERY_S`` per
+        worker (the sweep passes every few seconds; the retention is days)."""
+        now = time.monotonic()
+        if self.pruned_at is not None and now - self.pruned_at < PRUNE_EVERY_S:
+            return
+        self.pruned_at = now
+        pruned = await self.rt.store.blobs.prune(self.rt.retention)
+        if pruned.blobs:
+            log.info("pruned %d journal contents (%d bytes)", pruned.blobs, pruned.bytes)
 
     async def _running(self) -> set[str]:
         """The workflow ids of this deployment's running session workflows, as visibility says."""

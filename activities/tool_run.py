@@ -200,7 +200,7 @@ class ToolActivities:
     ) -> dict[str, journal.Seen] | None:
         """What the paths the call names hold before it runs; None for a tool that changes
         nothing (the journal then reads nothing after it either)."""
-        if tool.retry_safe:
+        if not tool.may_change_files():
             return None
         settings = _settings_of(tool, self.rt)
         paths = tool.touches(tool_input)

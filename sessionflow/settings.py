@@ -116,6 +116,10 @@ class Settings(BaseModel):
     host_lease_ms: int | None = Field(default=None, ge=1_000)
     # The file-change journal keeps a changed file's content up to this many bytes (rewind).
     journal_max_bytes: int = Field(default=1024 * 1024, ge=0, le=256 * 1024 * 1024)
+    # The journal's kept content is pruned once no entry named it for this many days, and
+    # beyond this many bytes in all, what was named longest ago first (0: no such bound).
+    journal_keep_days: float = Field(default=30.0, ge=0)
+    journal_max_total_bytes: int = Field(default=8 * 1024**3, ge=0)
 
     @property
     def host_lease(self) -> int:
@@ -158,4 +162,6 @@ _VARIABLES = (
     ("serve", "SESSIONFLOW_SERVE"),
     ("host_lease_ms", "SESSIONFLOW_HOST_LEASE_MS"),
     ("journal_max_bytes", "SESSIONFLOW_JOURNAL_MAX_BYTES"),
+    ("journal_keep_days", "SESSIONFLOW_JOURNAL_KEEP_DAYS"),
+    ("journal_max_total_bytes", "SESSIONFLOW_JOURNAL_MAX_TOTAL_BYTES"),
 )

@@ -299,6 +299,11 @@ class BlobRow(Base):
     size: Mapped[int] = mapped_column(sa.BigInteger)
     data: Mapped[bytes] = mapped_column(sa.LargeBinary)
     time_created: Mapped[Millis]
+    # When a journal entry last named it (written again: the same content kept once more);
+    # pruning removes what was named longest ago first.
+    time_named: Mapped[Millis] = mapped_column(server_default="0")
+
+    __table_args__ = (sa.Index(None, "time_named"),)
 
 
 session_table = cast(sa.Table, SessionRow.__table__)

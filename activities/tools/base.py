@@ -81,6 +81,11 @@ class Tool(Generic[InputT]):
     async def execute(self, input: InputT, context: ToolContext) -> ToolOutput:
         raise ToolFailure(f"Tool {self.name} cannot run")
 
+    def may_change_files(self) -> bool:
+        """Whether a call may change the workspace (the journal records what it changed): any
+        tool that is not retry-safe, which a read-only one is."""
+        return not self.retry_safe
+
     def touches(self, input: InputT) -> tuple[str, ...]:
         """The workspace paths a call may change, as given, known before it runs: the
         journal reads what they hold first (``activities/journal.py``)."""

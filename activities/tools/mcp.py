@@ -27,9 +27,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import unquote, urlsplit
 
 import httpx2
 from mcp import Client, StdioServerParameters
@@ -391,9 +392,27 @@ class McpTool(Tool[McpArguments]):
         self.name = tool_name(server, tool.name)  # type: ignore[misc]
         self.description = tool.description or f"{tool.name} (MCP server {server})"
         hints = tool.annotations
-        read_only = bool(hints and hints.read_only_hint)
-        self.retry_safe = read_only or bool(hints and hints.idempotent_hint)  # type: ignore[misc]
-        self.permission = "allow" if read_only else "ask"  # type: ignore[misc]
+        self.read_only = bool(hints and hints.read_only_hint)
+        retry_safe = self.read_only or bool(hints and hints.idempotent_hint)
+        self.retry_safe = retry_safe  # type: ignore[misc]
+        self.permission = "allow" if self.read_only else "ask"  # type: ignore[misc]
+
+    def may_change_files(self) -> bool:
+        """Any tool not annotated read-only: an idempotent one (a file server's ``write_file``)
+        may write the workspace as well."""
+        return not self.read_only
+
+    def touches(self, input: McpArguments) -> tuple[str, ...]:
+        """The paths a call names in its arguments, by the names file servers give them
+        (``path``, ``source``, ``destination``, ...): the journal reads them first (it leaves
+        out what is outside the workspace), so a revert can put them back."""
+        found: list[str] = []
+        for key, value in (input.model_extra or {}).items():
+            if key.lower() in _PATH_ARGUMENTS:
+                found += [
+                    v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)
+                ]
+        return tuple(found)
 
     def input_schema(self) -> dict[str, Any]:
         schema = dict(self.tool.input_schema or {})
@@ -407,7 +426,35 @@ class McpTool(Tool[McpArguments]):
         if result.is_error:
             text = " ".join(p.text for p in output.content if isinstance(p, TextContent))
             raise ToolFailure(text or f"{self.name} failed")
-        return output
+        reported = workspace_paths(result, str(context.workspace))
+        return replace(output, output_paths=reported) if reported else output
+
+
+# Argument names that name files, as MCP file servers call them.
+_PATH_ARGUMENTS = frozenset(
+    {"path", "paths", "file", "file_path", "filepath", "filename", "source", "destination"}
+)
+
+
+def workspace_paths(result: mcp_types.CallToolResult, workspace: str) -> tuple[str, ...]:
+    """The workspace files a result links to or embeds (``file://`` URIs), relative to it:
+    what the tool says it changed, for the journal."""
+    root = os.path.realpath(workspace)
+    found: list[str] = []
+    for item in result.content:
+        uri = None
+        if isinstance(item, mcp_types.ResourceLink):
+            uri = str(item.uri)
+        elif isinstance(item, mcp_types.EmbeddedResource):
+            uri = str(item.resource.uri)
+        if uri is None or not uri.startswith("file://"):
+            continue
+        path = os.path.normpath(unquote(urlsplit(uri).path))
+        for base in (workspace, root):
+            if os.path.commonpath([path, base]) == base and path != base:
+                found.append(os.path.relpath(path, base))
+                break
+    return tuple(dict.fromkeys(found))
 
 
 def tool_name(server: str, tool: str) -> str:

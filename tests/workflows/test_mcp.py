@@ -115,6 +115,41 @@ async def test_mcp_server_git_answers_status_log_and_diff_in_a_drain(
     assert len(second["messages"]) > len(first["messages"])
 
 
+async def test_the_journal_records_what_mcp_tools_write_and_a_revert_puts_it_back(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    allow = [{"tool": "t_*", "action": "allow"}]
+    async with mcp_harness(temporal_env, store, tmp_path) as h:
+        ws = h.workspace
+        (ws / "a.txt").write_text("a person's\n")
+        sid = await h.session(
+            [
+                call("w", "t_write_file", path=str(ws / "a.txt"), content="the server's\n"),
+                call("m", "t_make_linked", directory=str(ws), file_name="b.txt"),
+            ],
+            [{"text": "ok"}],
+            permissions=allow,
+            mcp={"git": False},
+        )
+        first = await h.client.prompt(sid, "Go")
+        await h.client.wait_idle(sid, timeout=60)
+        assert (ws / "a.txt").read_text() == "the server's\n" and (ws / "b.txt").exists()
+        changed = {
+            change["path"]: change
+            for e in await h.events(sid)
+            if e.type == "session.files.changed"
+            for change in e.data["changes"]
+        }
+        assert changed["a.txt"]["before"]["stored"]  # named in its arguments: read first
+        assert changed["b.txt"]["before"]["digest"] is None  # linked in its result: after it
+        plan = await h.client.revert(sid, first.id)
+        assert [(p.path, p.refused) for p in plan.refusals] == [("b.txt", "unknown-before")]
+        plan = await h.client.revert(sid, first.id, force=["b.txt"])
+        assert plan.applied, plan
+        assert (ws / "a.txt").read_text() == "a person's\n" and (ws / "b.txt").exists()
+    assert set(changed) == {"a.txt", "b.txt"}
+
+
 async def test_an_unannotated_tool_asks_and_runs_once_approved(
     temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from mcp.server import MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import ResourceLink, ToolAnnotations
 
 server = MCPServer("sessionflow-test")
 CALLS = Path(sys.argv[-1])
@@ -55,6 +55,24 @@ def slow_bump(seconds: float) -> str:
     _count("slow_bump")
     time.sleep(seconds)
     return "bumped slowly"
+
+
+@server.tool(
+    description="Write a file (as a file server's write_file: idempotent, not read-only).",
+    annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=True),
+)
+def write_file(path: str, content: str) -> str:
+    _count("write_file")
+    Path(path).write_text(content)
+    return f"wrote {path}"
+
+
+@server.tool(description="Make a file and link to it (its path is in no argument).")
+def make_linked(directory: str, file_name: str) -> ResourceLink:
+    _count("make_linked")
+    made = Path(directory) / file_name
+    made.write_text("made by the server\n")
+    return ResourceLink(name=file_name, uri=made.as_uri())
 
 
 @server.tool(description="Crash the server.")

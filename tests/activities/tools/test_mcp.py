@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp import types as t
 
 from activities.tools.base import ToolContext, ToolFailure
-from activities.tools.mcp import McpPool, McpServerError, McpTool
+from activities.tools.mcp import McpPool, McpServerError, McpTool, workspace_paths
 from activities.tools.mcp_config import McpConfig, McpConfigError, load_config
 from activities.tools.output import TRUNCATION_MARKER
 from activities.tools.settings import ToolSettings
@@ -70,7 +71,9 @@ async def test_annotations_decide_retry_safety_and_the_default_permission(
     pool: McpPool, tmp_path: Path
 ) -> None:
     tools = await tools_of(pool, tmp_path)
-    assert {name: (t.retry_safe, t.permission) for name, t in tools.items()} == {
+    assert {name: (tool.retry_safe, tool.permission) for name, tool in tools.items()} == {
+        "t_write_file": (True, "ask"),
+        "t_make_linked": (False, "ask"),
         "t_read_note": (True, "allow"),
         "t_wait": (True, "allow"),
         "t_big": (True, "allow"),
@@ -80,6 +83,13 @@ async def test_annotations_decide_retry_safety_and_the_default_permission(
         "t_slow_bump": (False, "ask"),
         "t_crash": (False, "ask"),
     }
+    # What may write the workspace is journaled: all but the read-only.
+    assert [n for n, tool in tools.items() if not tool.may_change_files()] == [
+        "t_read_note",
+        "t_wait",
+        "t_big",
+        "t_refuse",
+    ]
     spec = tools["t_read_note"].spec()
     assert spec.description == "Read a note (read-only)."
     assert spec.input_schema["properties"] == {"topic": {"title": "Topic", "type": "string"}}
@@ -355,3 +365,24 @@ async def test_the_server_dies_with_its_worker_even_mid_call(tmp_path: Path) -> 
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_a_results_file_links_inside_the_workspace_are_the_paths_it_reports(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    inside = (ws / "a b.txt").as_uri()  # percent-encoded
+    result = t.CallToolResult(
+        content=[
+            t.ResourceLink(name="a", uri=inside),
+            t.ResourceLink(name="o", uri=(tmp_path / "outside.txt").as_uri()),
+            t.ResourceLink(name="h", uri="https://example.com/x.txt"),
+            t.EmbeddedResource(
+                type="resource",
+                resource=t.TextResourceContents(uri=(ws / "d" / "e.txt").as_uri(), text="e"),
+            ),
+            t.ResourceLink(name="again", uri=inside),
+        ]
+    )
+    assert workspace_paths(result, str(ws)) == ("a b.txt", "d/e.txt")
