@@ -34,8 +34,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.capacity import Capacity
 from activities.compact import CompactionActivities
+from activities.fork import ForkActivities
 from activities.hosts import HostActivities, HostLease
-from activities.rewind import RewindActivities
 from activities.runtime import ProviderFactory, Runtime, default_providers
 from activities.session import SessionActivities
 from activities.sweep import SweepActivities
@@ -189,11 +189,11 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         turn.stream_turn,
         CompactionActivities(runtime).compact,
         tools.run_tool,
-        *_rewind(RewindActivities(runtime)),
+        *_rewind(ForkActivities(runtime)),
     ]
 
 
-def _rewind(rewind: RewindActivities) -> list[Callable[..., Any]]:
+def _rewind(rewind: ForkActivities) -> list[Callable[..., Any]]:
     return [rewind.revert_workspace, rewind.fork_workspace]
 
 
@@ -287,7 +287,7 @@ def build_worker(
         queue = tool_queue(task_queue, host)
         if host != LOCAL_HOST:
             tools_worker, checks = ToolActivities(runtime), HostActivities(runtime)
-            rewind = RewindActivities(runtime)
+            rewind = ForkActivities(runtime)
             workers.append(
                 Worker(
                     client,

@@ -28,14 +28,13 @@ from typing import Any
 
 from temporalio import activity
 
-from activities import context, fork, journal
-from activities.hosts import instructions
+from activities import context, journal
 from activities.runtime import Runtime, heartbeating, own, translated
 from activities.tool_run import not_this_host
 from activities.tools.paths import Workspace
 from activities.tools.settings import ToolSettings
 from sessionflow.models import events as ev
-from sessionflow.models.drain import LOCAL_HOST, ClaimRef, RevertInput, RevertRequest
+from sessionflow.models.drain import RevertInput, RevertRequest
 from sessionflow.models.journal import (
     FileState,
     RevertPath,
@@ -46,7 +45,6 @@ from sessionflow.models.journal import (
 )
 from sessionflow.models.messages import Message
 from store import Store
-from store.db import Tx
 from store.sessions import SessionInfo
 
 _DIFF_BYTES = 256 * 1024  # a dry run's line counts cover text files up to this size
@@ -202,7 +200,7 @@ class RewindActivities:
             )
             restored = await self._restored(plan)
             settings = context.tool_settings(self.rt.tools)
-            await asyncio.to_thread(_apply_all, session.directory, settings, plan, restored)
+            await asyncio.to_thread(apply_all, session.directory, settings, plan, restored)
             claim = await own(store, request.claim)
             event = _event(session.id, asked, plan)
             event_id = f"evt_{asked.request_id}_{asked.kind}"
@@ -210,103 +208,6 @@ class RewindActivities:
                 claim, lambda tx: store.events.publish(event, id=event_id, tx=tx)
             )
             return plan.model_copy(update={"applied": True})
-
-    @activity.defn
-    async def fork_workspace(self, request: RevertInput) -> RevertPlan:
-        """Plan the fork on this host; unless a dry run or refused, copy the workspace with
-        the plan's paths put back, then write the fork's log and ``session.forked`` under
-        the claim, and rename the copy into place (``activities/fork.py``)."""
-        store, asked = self.rt.store, request.request
-        assert asked.fork_session_id is not None and asked.directory is not None
-        beating = heartbeating(store, request.claim) if request.claim else contextlib.nullcontext()
-        async with translated(), beating:
-            session = await store.sessions.get(request.session_id)
-            if not self.rt.runs_tools_of(session):
-                raise not_this_host(self.rt.host, session.host)
-            base = RevertPlan(
-                session_id=session.id,
-                message_id=asked.message_id or "",
-                kind="fork",
-                fork_session_id=asked.fork_session_id,
-                directory=asked.directory,
-            )
-            split = await self.split(session, asked.message_id or "")
-            made = await self._forked(session.id, asked.fork_session_id)
-            refused = split if isinstance(split, str) else None
-            if refused is None and made is None:
-                refused = await asyncio.to_thread(
-                    fork.where_refused, session.directory, asked.directory
-                )
-            if refused is not None or isinstance(split, str):
-                return base.model_copy(update={"refused": refused})
-            history, later = split
-            entries, _reverts = await read_journal(store, session.id)
-            goals = revert_goals(entries, {m.id for m in later})
-            plan, _ = await self._planned(session, asked, base, goals, seen=fork.in_the_copy)
-            if asked.dry_run or plan.refusals or request.claim is None:
-                return plan
-            staged = fork.staging(asked.directory, asked.fork_session_id)
-            if made is None:
-                made = await self._fork(session, asked, plan, history, staged, request.claim)
-            await asyncio.to_thread(fork.put_in_place, staged, asked.directory)
-            return plan.model_copy(update={"applied": True, "left_out": made.left_out})
-
-    async def _fork(
-        self,
-        session: SessionInfo,
-        request: RevertRequest,
-        plan: RevertPlan,
-        history: list[Message],
-        staged: str,
-        held: ClaimRef,
-    ) -> ev.SessionForked:
-        """The copy in ``staged``, then the fork's log and the source's ``session.forked``."""
-        store, fork_id = self.rt.store, request.fork_session_id
-        assert fork_id is not None and request.directory is not None
-        settings = context.tool_settings(self.rt.tools)
-        restored = await self._restored(plan)
-
-        def copy() -> list[str]:
-            left_out = fork.copy_workspace(session.directory, staged, settings)
-            _apply_all(staged, settings, plan, restored)
-            return left_out
-
-        left_out = await asyncio.to_thread(copy)
-        observed = None
-        if session.host != LOCAL_HOST:  # turns on other hosts read them from the store
-            observed = await asyncio.to_thread(instructions, staged, self.rt.tools)
-        journal = [
-            e.data
-            for e in await store.events.all_of(session.id, [ev.FilesChanged])
-            if isinstance(e.data, ev.FilesChanged)
-        ]
-        forks = len(await store.events.all_of(session.id, [ev.SessionForked]))
-        title = fork.fork_title(session, forks)
-        log = fork.fork_log(session, fork_id, request.directory, title, history, journal, observed)
-        forked = ev.SessionForked(
-            session_id=session.id,
-            message_id=plan.message_id,
-            fork_session_id=fork_id,
-            directory=request.directory,
-            paths=_paths(plan),
-            left_out=tuple(left_out),
-        )
-        claim = await own(store, held)
-
-        async def write(tx: Tx) -> None:
-            with tx.unstamped():
-                await store.events.publish_many(log.events, tx=tx)
-            await store.events.publish(forked, id=f"evt_{request.request_id}_fork", tx=tx)
-
-        await store.claims.run_fenced(claim, write)
-        return forked
-
-    async def _forked(self, session_id: str, fork_id: str) -> ev.SessionForked | None:
-        """The source's record of the fork ``fork_id``, once made (a retry after it)."""
-        for stored in await self.rt.store.events.all_of(session_id, [ev.SessionForked]):
-            if isinstance(stored.data, ev.SessionForked) and stored.data.fork_session_id == fork_id:
-                return stored.data
-        return None
 
     async def _goals(
         self,
@@ -405,7 +306,7 @@ class RewindActivities:
         return path.model_copy(update={"added": added, "removed": removed})
 
 
-def _paths(plan: RevertPlan) -> tuple[ev.RevertedPath, ...]:
+def event_paths(plan: RevertPlan) -> tuple[ev.RevertedPath, ...]:
     """The paths ``plan`` gave back, as its event records them."""
     return tuple(
         ev.RevertedPath(path=p.path, was=was(p), to=p.to)
@@ -415,7 +316,7 @@ def _paths(plan: RevertPlan) -> tuple[ev.RevertedPath, ...]:
 
 
 def _event(session_id: str, request: RevertRequest, plan: RevertPlan) -> ev.Event:
-    paths = _paths(plan)
+    paths = event_paths(plan)
     forced = tuple(p.path for p in plan.paths if p.forced)
     if request.kind == "unrevert":
         return ev.SessionUnreverted(
@@ -461,7 +362,7 @@ def _decide_all(
     return decided, contents
 
 
-def _apply_all(
+def apply_all(
     root: str, settings: ToolSettings, plan: RevertPlan, contents: dict[str, bytes | None]
 ) -> None:
     with Workspace(root, settings) as workspace:

@@ -9,6 +9,8 @@ also run by ``make bench``, on SQLite and on PostgreSQL when a server is named.
    changes find their "before" already kept. Targets: <= 10 ms, <= 2x the changed bytes.
 2. A revert of 100 files a shell command changed, end to end as ``SessionClient.revert`` runs it
    (its busy period, the plan, the restores, the event), median of 5. Target: <= 1 s.
+3. A fork of a session in the 10,000-file workspace (its copy, the path put back, the fork's
+   log), median of 3: no target, a figure to watch.
 
 Each database runs against the same Temporal dev server (the venv's ``temporal`` binary) with
 an in-process worker and the scripted model.
@@ -159,6 +161,27 @@ async def revert_time(client: SessionClient, root: Path, rounds: int) -> list[fl
     return took
 
 
+async def fork_time(client: SessionClient, root: Path, big: Path, rounds: int) -> list[float]:
+    """Seconds for ``fork`` of a session in the ``FILES``-file workspace, at its first prompt
+    (the copy puts back the one file the session wrote after it)."""
+    model = script(
+        root,
+        "fork",
+        [{"tool_call": {"id": "w", "name": "write", "input": {"path": "new.txt", "content": "x"}}}],
+        [{"text": "written"}],
+    )
+    sid = await client.create_session(workspace=str(big), model=model)
+    receipt = await client.prompt(sid, "write")
+    await client.wait_idle(sid, timeout=120)
+    took: list[float] = []
+    for n in range(rounds):
+        started = time.perf_counter()
+        plan = await client.fork(sid, receipt.id, workspace=str(root / f"fork{n}"))
+        took.append(time.perf_counter() - started)
+        assert plan.applied and not (root / f"fork{n}" / "new.txt").exists(), plan
+    return took
+
+
 async def measure(temporal: Client, database: str, rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="sessionflow-rewind-bench-") as directory:
         root = Path(directory)
@@ -190,11 +213,16 @@ async def measure(temporal: Client, database: str, rounds: int) -> None:
                 async with worker:
                     client = SessionClient(temporal, store, task_queue=queue)
                     took = await revert_time(client, root, 5)
+                    forked = await fork_time(client, root, big, 3)
                 median = statistics.median(took)
                 verdict = "met" if median <= TARGET_REVERT_S else "NOT met"
                 print(
                     f"2. revert of 100 files: {median:.3f} s median, {max(took):.3f} s worst "
                     f"of {len(took)} (target <= {TARGET_REVERT_S:g} s: {verdict})"
+                )
+                print(
+                    f"3. fork of a {FILES}-file workspace: {statistics.median(forked):.3f} s "
+                    f"median of {len(forked)} (no target: the copy is the cost)"
                 )
             finally:
                 await store.close()

@@ -7,6 +7,7 @@ tool runs or a turn starts.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +37,8 @@ def workspace(directory: str | Path) -> str:
 def new_workspace(directory: str | Path, host: str) -> str:
     """A workspace to create on ``host`` (a fork's): made absolute on this machine's own
     host; elsewhere it must be absolute already (the host checks the rest)."""
-    if host == "local":
-        return str(Path(directory).expanduser().absolute())
+    if host == "local":  # lexically: what the caller wrote, as the caller's shell reads it
+        return os.path.abspath(Path(directory).expanduser())
     if not str(directory).startswith("/"):
         raise InvalidInputError(
             f"Workspace {directory} must be an absolute path on host {host}: a relative path "

@@ -186,6 +186,13 @@ async def _copied(tx: Tx, stored: StoredEvent, event: ev.MessageCopied) -> None:
         await _add_usage(tx, stored, message.cost, message.tokens)
 
 
+@handles(ev.PartCopied)
+async def _part_copied(tx: Tx, stored: StoredEvent, event: ev.PartCopied) -> None:
+    message = await _assistant(tx, event)
+    message.content.append(event.part.model_copy(deep=True))
+    _messages(tx)[message.id].changed_parts.add(len(message.content) - 1)
+
+
 @handles(ev.WorkspaceObserved)
 async def _observed(tx: Tx, stored: StoredEvent, event: ev.WorkspaceObserved) -> None:
     settings = _observing(await _settings(tx, event.session_id), event.instructions)

@@ -227,6 +227,10 @@ class Sessions:
             raise SessionNotFoundError(session_id)
         return _info(SimpleNamespace(**dict(zip(_SESSION_COLUMNS, row, strict=True))))
 
+    async def exists(self, session_id: str) -> bool:
+        validate_id(session_id)
+        return bool(await self._read(_SESSION, {"sid": session_id}))
+
     async def opening(
         self, tx: Tx, session_id: str, message_id: str
     ) -> tuple[SessionInfo, Pending, StepBasis]:

@@ -23,7 +23,7 @@ from sessionflow.models.common import (
     Tokens,
 )
 from sessionflow.models.journal import FileChange, FileState
-from sessionflow.models.messages import Message
+from sessionflow.models.messages import AssistantPart, Message
 from sessionflow.models.permissions import Decision, PermissionRequest, Rule
 from sessionflow.models.spend import Budget
 
@@ -466,6 +466,15 @@ class MessageCopied(SessionEventBase):
     from_message_id: str
 
 
+class PartCopied(SessionEventBase):
+    """One part of a fork's copied assistant message too large to copy whole in one event
+    (``session.message.copied`` then carries it without its parts), appended in order."""
+
+    type: Literal["session.part.copied"] = "session.part.copied"
+    assistant_message_id: str
+    part: AssistantPart
+
+
 class SessionForked(SessionEventBase):
     """A new session (``fork_session_id``, in ``directory``) was made from this one's history
     up to ``message_id`` and its workspace as it was then (``paths``: what the copy restored).
@@ -551,6 +560,7 @@ SessionEvent = Annotated[
     | SessionUnreverted
     | RevertCommitted
     | MessageCopied
+    | PartCopied
     | SessionForked,
     Field(discriminator="type"),
 ]

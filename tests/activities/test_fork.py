@@ -11,6 +11,7 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, Tokens
 from sessionflow.models.journal import FileChange, FileState
 from sessionflow.models.messages import AssistantMessage, CompactionMessage, TextPart, UserMessage
+from store import Store
 from store.sessions import SessionInfo
 
 SETTINGS = ToolSettings()
@@ -30,9 +31,7 @@ def test_the_copy_keeps_modes_times_and_links_and_leaves_protected_and_special_f
     (source / ".git" / "config").write_text("[core]\n")
     (source / ".env").write_text("SECRET=1\n")
     os.mkfifo(source / "pipe")  # reading it would block the copy
-    to = tmp_path / ".ws.fork-x"
-    to.mkdir()
-    (to / "stale").write_text("an earlier attempt's\n")
+    to = tmp_path / ".ws.fork-x-2"
 
     left_out = fork.copy_workspace(str(source), str(to), SETTINGS)
 
@@ -54,13 +53,24 @@ def test_a_forks_directory_must_be_new_absolute_and_apart_from_the_workspace(
         str(tmp_path): "outside the session's workspace",  # it would contain the workspace
         str(source): "outside the session's workspace",
         str(tmp_path / "missing" / "f"): "no parent directory",
+        str(tmp_path / "missing" / ".." / "f"): "without '.' or '..'",
+        str(tmp_path / "f") + "/.": "without '.' or '..'",
+        str(tmp_path / "f") + "/": "without '.' or '..'",
     }
     for where, why in refused.items():
         assert why in (fork.where_refused(str(source), where) or ""), where
     (tmp_path / "taken").mkdir()
     assert "already exists" in (fork.where_refused(str(source), str(tmp_path / "taken")) or "")
     assert fork.where_refused(str(source), str(tmp_path / "new")) is None
-    assert fork.staging(str(tmp_path / "new"), "ses_1") == str(tmp_path / ".new.fork-ses_1")
+    assert fork.staging(str(tmp_path / "new"), "ses_1", 2) == str(tmp_path / ".new.fork-ses_1-2")
+    for attempt in (1, 2):
+        Path(fork.staging(str(tmp_path / "new"), "ses_1", attempt)).mkdir()
+    fork.clear_stale(str(tmp_path / "new"), "ses_1", 2)  # attempt 1's copy, not its own
+    assert sorted(p.name for p in tmp_path.glob(".new.*")) == [".new.fork-ses_1-2"]
+    staged = fork.staging(str(tmp_path / "new"), "ses_1", 2)
+    fork.put_in_place(staged, str(tmp_path / "new"))
+    fork.put_in_place(staged, str(tmp_path / "new"))  # a second run of the transaction
+    assert (tmp_path / "new").is_dir() and not Path(staged).exists()
 
 
 def _source() -> SessionInfo:
@@ -72,7 +82,12 @@ def _source() -> SessionInfo:
         agent=None,
         workspace_id=None,
         parent_id=None,
-        settings={"revert": {"boundary_seq": 9}, "baseline": {"b": 1}, "always": ["r"]},
+        settings={
+            "revert": {"boundary_seq": 9},
+            "baseline": {"b": 1},
+            "always": ["r"],
+            "task": {"depth": 1},
+        },
         cost=0.0,
         tokens=Tokens(),
         time_created=0,
@@ -106,11 +121,12 @@ def test_the_forks_log_renumbers_its_messages_and_maps_their_journal_and_compact
             session_id="ses_src", assistant_message_id="msg_later", call_id="c2", changes=()
         ),
     ]
-    log = fork.fork_log(_source(), "ses_new", "/copy", "t", history, journal, None)
+    log = fork.fork_log(_source(), "ses_new", "/copy", "t", history, journal)
     created, *copies, entry = log.events
     assert isinstance(created, ev.SessionCreated) and created.requests == 4
-    assert created.settings == {
+    assert created.settings == {  # the baseline is rebuilt; a fork is no one's subagent
         "always": ["r"],
+        "baseline": None,
         "fork": {"session_id": "ses_src", "message_id": "msg_c"},
     }
     assert all(isinstance(c, ev.MessageCopied) for c in copies)
@@ -127,6 +143,41 @@ def test_the_forks_log_renumbers_its_messages_and_maps_their_journal_and_compact
 
 def test_a_forks_title_counts_the_sources_forks() -> None:
     assert fork.fork_title(_source(), 2) == "parent (fork #3)"
+    assert fork.fork_title(_source(), 0) == "parent (fork #3)"  # a fork of fork #2
     untitled = _source()
     object.__setattr__(untitled, "title", "")
     assert fork.fork_title(untitled, 0) == "ses_src (fork #1)"
+    object.__setattr__(untitled, "title", "plain")
+    assert fork.fork_title(untitled, 1) == "plain (fork #2)"
+
+
+async def test_a_message_too_large_for_one_event_is_copied_part_by_part(store: Store) -> None:
+    source = await store.sessions.create("/ws", title="big")
+    model = ModelRef.parse("scripted/x.json")
+    text = [TextPart(text=str(n) * 3000, ordinal=n) for n in range(3)]
+    history = [
+        UserMessage(id="msg_u", session_id=source.id, seq=1, time_created=1, text="hi"),
+        AssistantMessage(
+            id="msg_a",
+            session_id=source.id,
+            seq=2,
+            time_created=2,
+            agent="build",
+            model=model,
+            time_completed=3,
+            content=text,
+            cost=0.5,
+        ),
+    ]
+    log = fork.fork_log(source, "ses_forked", "/copy", "t", history, [], max_bytes=8000)
+    assert [e.type for e in log.events] == [
+        "session.created",
+        "session.message.copied",
+        "session.message.copied",
+        *["session.part.copied"] * 3,
+    ]
+    await store.events.publish_many(log.events)
+    (user, answer) = await store.sessions.messages("ses_forked")
+    assert isinstance(answer, AssistantMessage) and answer.content == text
+    assert (user.seq, answer.seq) == (1, 2) and answer.id == log.ids["msg_a"]
+    assert (await store.sessions.get("ses_forked")).cost == 0.5  # its step's spend came too

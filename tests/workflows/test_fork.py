@@ -4,11 +4,19 @@ workspace as it was then, on real Temporal and both databases.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.models.messages import AssistantMessage, Message, UserMessage
-from tests.workflows.harness import Harness, call
+from store import Store
+from tests.conftest import Target
+from tests.workflows.harness import Harness, call, harness
 from tests.workflows.test_rewind import ALLOW, last_assistant, prompt, texts, tree
+from tests.workflows.workers import WorkerProcess
 
 
 def said(messages: list[Message]) -> list[tuple[str, str]]:
@@ -39,7 +47,10 @@ async def test_a_fork_copies_the_history_and_the_workspace_at_its_message_and_go
         [call("b1", "bash", command="mkdir -p d && echo bee > d/b.txt && rm c.txt")],
         [{"text": "second done"}],
         # The fork's turns: it goes on from the script's next turn, in its own workspace.
-        [call("w2", "write", path="f.txt", content="fork\n")],
+        [
+            call("w2", "write", path="f.txt", content="fork\n"),
+            call("b2", "bash", command="echo more >> a.txt"),
+        ],
         [{"text": "fork done"}],
         permissions=ALLOW,
         title="parent",
@@ -79,13 +90,23 @@ async def test_a_fork_copies_the_history_and_the_workspace_at_its_message_and_go
     )
     assert "session.forked" in await h.types(sid)
 
+    (copy / "AGENTS.md").write_text("Fork rules")
     await prompt(h, fid, "in the fork")
     seen = texts(h.requests()[-1])
+    # Its context is read from its own workspace, into the system prompt (frozen anew).
+    assert any("Fork rules" in part for part in h.requests()[-2]["system"])
     assert "first done" in seen and "second done" not in seen and "in the fork" in seen
     assert (copy / "f.txt").read_text() == "fork\n" and not (ws / "f.txt").exists()
     assert tree(ws) == after
 
-    # The fork's journal came with it: a revert there to before the session wrote anything.
+    assert (copy / "a.txt").read_text() == "one\nmore\n"
+    # The fork's journal came with it, as the copy holds those files: the shell's change of
+    # a.txt (its "before" seen by metadata only) is undone like one in the source.
+    copied_last = forked[-1].id
+    undone = await h.client.revert(fid, copied_last)
+    assert undone.applied, undone
+    assert (copy / "a.txt").read_text() == "one\n" and not (copy / "f.txt").exists()
+    # And a revert there to before the session wrote anything.
     first_user = next(m.id for m in await h.client.messages(fid) if m.type == "user")
     undone = await h.client.revert(fid, first_user)
     assert undone.applied, undone
@@ -132,3 +153,44 @@ async def test_a_fork_is_refused_clearly_and_changes_nothing(h: Harness) -> None
     h.open_gate("held")
     await h.client.wait_idle(sid, timeout=60)
     assert [s.id for s in await h.client.list_sessions()].count(plan.fork_session_id) == 0
+
+
+async def test_a_worker_killed_mid_copy_leaves_no_fork_and_the_retry_makes_it_whole(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """SIGKILL while the copy's paths are put back (a hook between two of them): no fork
+    session, no ``session.forked``; the activity's retry on another worker removes the dead
+    attempt's copy, copies again and makes the fork once."""
+    gate = str(tmp_path / "revert.gate")
+    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+        first = WorkerProcess(
+            temporal_env, target, h.client.task_queue, SESSIONFLOW_TEST_REVERT_GATE=gate
+        )
+        workers.append(first)
+        await first.ready()
+        sid = await h.session(
+            [call(f"w{n}", "write", path=f"{n}.txt", content=f"{n}\n") for n in "abc"],
+            [{"text": "written"}],
+        )
+        (h.workspace / "kept.txt").write_text("before the session\n")
+        receipt = await h.client.prompt(sid, "write")
+        await h.client.wait_idle(sid, timeout=60)
+        copy = tmp_path / "forked"
+        forking = asyncio.create_task(h.client.fork(sid, receipt.id, workspace=str(copy)))
+        await h.until(lambda: Path(f"{gate}.reached").exists(), timeout=30)
+        first.signal(signal.SIGKILL)
+        assert not copy.exists() and [s.id for s in await h.client.list_sessions()] == [sid]
+        second = WorkerProcess(temporal_env, target, h.client.task_queue)
+        workers.append(second)
+        await second.ready()
+        plan = await asyncio.wait_for(forking, 90)
+        assert plan.applied, plan
+        assert tree(copy) == {"kept.txt": tree(h.workspace)["kept.txt"]}
+        assert sorted(p.name for p in tmp_path.iterdir() if ".fork-" in p.name) == []
+        sessions = {s.id for s in await h.client.list_sessions()}
+        assert sessions == {sid, plan.fork_session_id}
+        assert (await h.types(sid)).count("session.forked") == 1
