@@ -20,7 +20,7 @@ install: $(STAMP)
 TEST_JOBS ?= 3
 
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest -q -n $(TEST_JOBS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal $(PYTEST_ARGS)
 
 # Everything but the slow fault-injection tests (marked ``fault``), for the edit-test loop.
 test-fast: $(STAMP) $(CHROMIUM)

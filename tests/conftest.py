@@ -67,6 +67,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[_HANG_DUMPS] = tempfile.mkdtemp(prefix="sessionflow-hangs-")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow fault-injection tests first: started last, one of them would be the run's
+    tail while the other processes sit idle (xdist hands tests out in this order)."""
+    items.sort(key=lambda item: item.get_closest_marker("fault") is None)
+
+
 @pytest.fixture(autouse=True)
 def _hard_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
     path = Path(os.environ[_HANG_DUMPS]) / f"{uuid.uuid4().hex}.txt"

@@ -9,13 +9,14 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
 from sessionflow.errors import TransactionConflictError
 from sessionflow.models import events as ev
 from store import Store, open_store
 from store.claims import Claim
-from store.db import Database, Tx
+from store.db import SCHEMA_HEAD, Database, Tx, migration_config
 from tests.conftest import StoreFactory, Target
 from tests.store.conftest import libpq
 from tests.store.helpers import count
@@ -204,3 +205,7 @@ async def test_a_conflict_that_persists_is_a_typed_error_and_writes_nothing(
         assert await store.events.latest_sequence(sid) == 0
     finally:
         await store.close()
+
+
+def test_the_schema_head_the_store_opens_at_is_alembics_head() -> None:
+    assert ScriptDirectory.from_config(migration_config()).get_heads() == [SCHEMA_HEAD]
