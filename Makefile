@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Three processes on two cores: most of a test's time is spent waiting on Temporal, a worker
-# process or a timer (the suite takes about 9.5 minutes here with three, 12 with two).
+# Three processes on two cores: much of a test's time is spent waiting on Temporal, a worker
+# process or a timer (about 15 minutes here with three; four are no faster: the suite is
+# CPU-bound on two cores, 1.7 cores busy on average).
 # Every test is independent (its own store, schema or database, task queue and ports).
 TEST_JOBS ?= 3
 
