@@ -84,11 +84,16 @@ def where_refused(source: str, directory: str) -> str | None:
     return None
 
 
-def copy_workspace(source: str, to: str, settings: ToolSettings) -> list[str]:
+def copy_workspace(
+    source: str, to: str, settings: ToolSettings, *, becomes: str | None = None
+) -> list[str]:
     """Copy ``source`` to ``to`` (which must not exist) but its protected paths and special
-    files, which it returns."""
-    protected = Protected.for_root(settings, [source, os.path.realpath(source)])
+    files, which it returns. A link that names a path inside ``source`` absolutely names the
+    same path inside ``becomes`` (the copy's final place) instead: the fork reads its own."""
+    roots = [source, os.path.realpath(source)]
+    protected = Protected.for_root(settings, roots)
     left_out: list[str] = []
+    relinked: dict[str, str] = {}
 
     def ignored(directory: str, names: list[str]) -> set[str]:
         rel = os.path.relpath(directory, source)
@@ -101,10 +106,27 @@ def copy_workspace(source: str, to: str, settings: ToolSettings) -> list[str]:
             if protected.match(parts) is not None or not plain:
                 skip.add(name)
                 left_out.append("/".join(parts))
+            elif stat.S_ISLNK(mode) and becomes is not None:
+                target = _inside(os.readlink(os.path.join(directory, name)), roots, becomes)
+                if target is not None:
+                    relinked["/".join(parts)] = target
         return skip
 
     shutil.copytree(source, to, symlinks=True, ignore=ignored)
+    for rel, target in relinked.items():
+        os.unlink(os.path.join(to, rel))
+        os.symlink(target, os.path.join(to, rel))
     return sorted(left_out)
+
+
+def _inside(target: str, roots: list[str], becomes: str) -> str | None:
+    """``target`` moved from under one of ``roots`` to under ``becomes``, if it is under one."""
+    if not os.path.isabs(target):
+        return None
+    for root in roots:
+        if target == root or target.startswith(root.rstrip("/") + "/"):
+            return becomes + target[len(root.rstrip("/")) :]
+    return None
 
 
 def put_in_place(staged: str, directory: str) -> None:
@@ -287,7 +309,7 @@ class ForkActivities(RewindActivities):
         staged = staging(directory, fork_id, activity.info().attempt)
         await asyncio.to_thread(clear_stale, directory, fork_id, activity.info().attempt)
         try:
-            left_out, seen = await self._copy(session, plan, history, staged)
+            left_out, seen = await self._copy(session, plan, history, staged, directory)
             log = await self._log(session, request, history, staged, seen)
             forked = ev.SessionForked(
                 session_id=session.id,
@@ -317,7 +339,12 @@ class ForkActivities(RewindActivities):
             await asyncio.to_thread(shutil.rmtree, staged, True)  # gone once renamed
 
     async def _copy(
-        self, session: SessionInfo, plan: RevertPlan, history: list[Message], staged: str
+        self,
+        session: SessionInfo,
+        plan: RevertPlan,
+        history: list[Message],
+        staged: str,
+        directory: str,
     ) -> tuple[list[str], dict[str, journal.Seen]]:
         """The copy with the plan's paths put back, and what it holds of the journaled paths."""
         settings = context.tool_settings(self.rt.tools)
@@ -327,7 +354,7 @@ class ForkActivities(RewindActivities):
         paths = sorted({e.path for e in entries if e.message_id in ids})
 
         def copy() -> tuple[list[str], dict[str, journal.Seen]]:
-            left_out = copy_workspace(session.directory, staged, settings)
+            left_out = copy_workspace(session.directory, staged, settings, becomes=directory)
             apply_all(staged, settings, plan, restored)
             return left_out, journal.capture(staged, settings, paths)
 

@@ -33,10 +33,15 @@ def test_the_copy_keeps_modes_times_and_links_and_leaves_protected_and_special_f
     os.mkfifo(source / "pipe")  # reading it would block the copy
     to = tmp_path / ".ws.fork-x-2"
 
-    left_out = fork.copy_workspace(str(source), str(to), SETTINGS)
+    os.symlink(source / "src" / "run.sh", source / "inner")  # absolute, into the workspace
+    os.symlink("src/run.sh", source / "relative")
+
+    left_out = fork.copy_workspace(str(source), str(to), SETTINGS, becomes="/final")
 
     assert left_out == [".env", ".git", "pipe"]
-    assert sorted(os.listdir(to)) == ["out", "src"]
+    assert sorted(os.listdir(to)) == ["inner", "out", "relative", "src"]
+    assert os.readlink(to / "inner") == "/final/src/run.sh"  # the fork's own file
+    assert os.readlink(to / "relative") == "src/run.sh"
     copied = (to / "src" / "run.sh").stat()
     assert copied.st_mode & 0o777 == 0o750 and copied.st_mtime_ns == 1_000_000_000
     assert os.readlink(to / "out") == str(outside)
