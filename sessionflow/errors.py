@@ -324,6 +324,11 @@ class ClaimHeldError(ClaimError):
         return max(0, self.expires_at_ms - now)
 
 
+# The reason of a ``ClaimLostError`` whose claim is gone (released), not taken over: the drain
+# tells the two apart (``workflows/session.py: _released``).
+CLAIM_RELEASED = "the claim was released"
+
+
 class ClaimLostError(ClaimError):
     def __init__(self, session_id: str, execution_id: str, reason: str) -> None:
         super().__init__(

@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 import sqlalchemy as sa
 
 from sessionflow.errors import (
+    CLAIM_RELEASED,
     ClaimHeldError,
     ClaimLostError,
     SessionNotFoundError,
@@ -490,7 +491,7 @@ class Claims:
         )
         row = (await conn.execute(query)).one_or_none()
         if row is None:
-            return ClaimLostError(claim.session_id, claim.execution_id, "the claim was released")
+            return ClaimLostError(claim.session_id, claim.execution_id, CLAIM_RELEASED)
         if row.id != claim.execution_id or row.epoch != claim.epoch:
             reason = f"taken over by execution {row.id} (epoch {row.epoch})"
             return ClaimLostError(claim.session_id, claim.execution_id, reason)

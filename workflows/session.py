@@ -27,6 +27,7 @@ from workflows.hosts import HostCalls
 from workflows.options import CLAIM, CLAIM_AT_ONCE, COMPACT, REVERT, SHORT, TOOL, TURN, call
 
 with workflow.unsafe.imports_passed_through():
+    from sessionflow.errors import CLAIM_RELEASED
     from sessionflow.models.common import SessionError
     from sessionflow.models.drain import (
         LOCAL_HOST,
@@ -371,6 +372,12 @@ class SessionWorkflow:
                 outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
             else:
                 outcome = Outcome(type="failed", error=_activity_error(error))
+            if _released(error):
+                # This busy period's own terminal released the claim in a workflow task that
+                # then failed (a signal came as the run completed): its retry took a wake
+                # the first attempt had not seen, on the released claim. The wake's work
+                # waits in the store: a new busy period, with a claim of its own, runs it.
+                self.pending_wake = True
         self.settling = True
         self.phase = "settling"
         if self.claim is not None:
@@ -945,6 +952,15 @@ def _busy_revert(session_id: str, request: RevertRequest) -> RevertPlan:
     )
     return RevertPlan(
         session_id=session_id, message_id=request.message_id or "", kind=request.kind, refused=why
+    )
+
+
+def _released(error: ActivityError) -> bool:
+    cause = error.cause
+    return (
+        isinstance(cause, ApplicationError)
+        and cause.type == "ClaimLostError"
+        and CLAIM_RELEASED in str(cause)
     )
 
 
