@@ -3,28 +3,16 @@ and API), and their errors, against a real worker of host ``b`` (in-process)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from sessionflow.api.config import ApiSettings
 from sessionflow.api.serve import running_api
 from store import Store
-from tests.sessionflow.test_cli import Cli, cli_on
+from tests.sessionflow.test_cli import Cli
 from tests.workflows.harness import Harness, harness
-
-
-@pytest.fixture
-async def on_b(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
-) -> AsyncIterator[tuple[Cli, Harness]]:
-    async with cli_on(temporal_env, tmp_path, start_worker=False) as (cli, h):
-        h.worker_options = {"host": "b"}
-        async with h.worker():
-            yield cli, h
 
 
 async def test_cli_places_lists_and_moves(on_b: tuple[Cli, Harness]) -> None:

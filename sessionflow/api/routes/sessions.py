@@ -86,9 +86,7 @@ async def revert(
     the plan path by path, ``applied`` once done. 409 when refused (busy, a path changed
     since: ``force`` it), changing nothing."""
     plan = await client.revert(session_id, body.message_id, dry_run=body.dry_run, force=body.force)
-    if plan.refused is not None or plan.refusals:
-        response.status_code = 409
-    return plan
+    return _answered(plan, response)
 
 
 @router.post("/{session_id}/unrevert", response_model=RevertPlan)
@@ -96,10 +94,7 @@ async def unrevert(
     session_id: SessionId, body: UnrevertSession, client: Client, response: Response
 ) -> RevertPlan:
     """Undo the last revert while no prompt came after it; 409 when refused."""
-    plan = await client.unrevert(session_id, force=body.force)
-    if plan.refused is not None or plan.refusals:
-        response.status_code = 409
-    return plan
+    return _answered(await client.unrevert(session_id, force=body.force), response)
 
 
 @router.post("/{session_id}/fork", response_model=RevertPlan)
@@ -116,6 +111,11 @@ async def fork(
         dry_run=body.dry_run,
         force=body.force,
     )
+    return _answered(plan, response)
+
+
+def _answered(plan: RevertPlan, response: Response) -> RevertPlan:
+    """A rewind's plan, 409 when it was refused (it changed nothing)."""
     if plan.refused is not None or plan.refusals:
         response.status_code = 409
     return plan
