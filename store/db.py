@@ -52,6 +52,23 @@ from store.dialect import (
 T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# The WAL file's size once a checkpoint has caught up (catalogue S11). A reader holding an old
+# snapshot stops checkpoints short, and the WAL grows meanwhile; once it lets go, the next reset
+# of the log truncates the file back to this, instead of leaving it at its largest for good.
+SQLITE_WAL_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+def sqlite_pragmas(busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> tuple[str, ...]:
+    """Every SQLite connection of the store runs these (the SQLAlchemy pools and the hot
+    path's own connections alike). WAL lets readers run beside the one writer;
+    ``synchronous=FULL`` makes every acknowledged commit survive power loss."""
+    return (
+        "PRAGMA journal_mode=WAL",
+        f"PRAGMA busy_timeout={busy_timeout_ms}",
+        "PRAGMA foreign_keys=ON",
+        "PRAGMA synchronous=FULL",
+        f"PRAGMA journal_size_limit={SQLITE_WAL_LIMIT_BYTES}",
+    )
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x5E55_F10
 # A migration may wait for another process's and run DDL for longer than the lease bounds
@@ -116,16 +133,10 @@ class Tx:
 
 def _sqlite_connect_hook(dbapi_connection: Any, _record: Any) -> None:
     # The driver must not open transactions itself: we issue BEGIN IMMEDIATE (writes) or
-    # BEGIN (reads) in the "begin" hook. WAL lets readers run beside the one writer;
-    # synchronous=FULL makes every acknowledged commit survive power loss.
+    # BEGIN (reads) in the "begin" hook.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    for pragma in (
-        "PRAGMA journal_mode=WAL",
-        f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
-        "PRAGMA foreign_keys=ON",
-        "PRAGMA synchronous=FULL",
-    ):
+    for pragma in sqlite_pragmas():
         cursor.execute(pragma)
     cursor.close()
 

@@ -29,7 +29,13 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import make_url
 
-from store.db import SQLITE_BUSY_TIMEOUT_MS, Database, retry_conflicts, settled
+from store.db import (
+    SQLITE_BUSY_TIMEOUT_MS,
+    Database,
+    retry_conflicts,
+    settled,
+    sqlite_pragmas,
+)
 from store.dialect import store_error
 from store.events import unique_violation_error
 from store.prepared import Prepared, compile_text
@@ -302,12 +308,7 @@ class SqliteWriter:
 
     def _connect(self, busy_timeout_ms: int) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        for pragma in (
-            "PRAGMA journal_mode=WAL",
-            f"PRAGMA busy_timeout={busy_timeout_ms}",
-            "PRAGMA foreign_keys=ON",
-            "PRAGMA synchronous=FULL",
-        ):
+        for pragma in sqlite_pragmas(busy_timeout_ms):
             conn.execute(pragma)
         return conn
 

@@ -134,3 +134,59 @@ async def _sqlite_reader(target: Target, session_ids: list[str], start: Any, sto
                 await store.sessions.messages(session_id)
     finally:
         await store.close()
+
+
+MB = 1024 * 1024
+
+
+def sqlite_bulk_writer(
+    target: Target, session_id: str, worker: int, held_mb: int, after: int, gates: Any
+) -> None:
+    """S11 at scale: ``held_mb`` 1 MB batches while a reader holds its snapshot, then, once
+    it let go, ``after`` more (the writes that let a checkpoint catch up and reset the log).
+    ``gates``: (start barrier, written barrier, released event)."""
+    asyncio.run(_sqlite_bulk_writer(target, session_id, worker, held_mb, after, gates))
+
+
+async def _sqlite_bulk_writer(
+    target: Target, session_id: str, worker: int, held_mb: int, after: int, gates: Any
+) -> None:
+    start, written, released = gates
+    store = await target.open()
+    try:
+        claim = await store.claims.acquire(session_id, f"exec_b{worker}", f"owner-b{worker}")
+        await asyncio.to_thread(start.wait)
+        for batch in range(held_mb + after):
+            if batch == held_mb:
+                await asyncio.to_thread(written.wait)
+                await asyncio.to_thread(released.wait)
+            deltas = [
+                ev.TextDelta(
+                    session_id=session_id,
+                    assistant_message_id="msg_a",
+                    ordinal=0,
+                    delta=f"{batch:08d}" * (MB // 16 // 8),
+                )
+                for _ in range(16)
+            ]
+            await store.append(claim, deltas, step_attempt=1)
+    finally:
+        await store.close()
+
+
+def sqlite_holding_reader(target: Target, session_id: str, gates: Any) -> None:
+    """S11: a process that reads inside one transaction and keeps it open (a slow follower,
+    an operator's shell) until told to let go. ``gates``: (start barrier, released event)."""
+    asyncio.run(_sqlite_holding_reader(target, session_id, gates))
+
+
+async def _sqlite_holding_reader(target: Target, session_id: str, gates: Any) -> None:
+    start, released = gates
+    store = await target.open()
+    try:
+        async with store.db.read() as conn:
+            await conn.exec_driver_sql("SELECT count(*) FROM event")
+            await asyncio.to_thread(start.wait)
+            await asyncio.to_thread(released.wait)
+    finally:
+        await store.close()
