@@ -364,7 +364,7 @@ class SessionWorkflow:
             self.budget_stop = stop.reached
             outcome = Outcome(type="interrupted", reason="budget")
         except DrainFailure as failure:
-            outcome = Outcome(type="failed", error=failure.error)
+            outcome = _settled_as(failure.error)
         except ActivityError as error:
             if self.stopping and _stopped_by_interrupt(error, claimed=self.claim is not None):
                 # The interrupt cancelled an activity that was waiting (a claim held by another
@@ -962,6 +962,16 @@ def _released(error: ActivityError) -> bool:
         and cause.type == "ClaimLostError"
         and CLAIM_RELEASED in str(cause)
     )
+
+
+def _settled_as(error: SessionError) -> Outcome:
+    """A drain failure as the busy period ends. A refusal on permission grounds is the user's
+    decision, not a fault: the period ends interrupted (reason ``user``), as the reference's
+    lifecycle settles a user-interruption failure (§7.4 #2); the step and its tool keep the
+    ``permission.rejected`` error (§7.2 #64)."""
+    if error.type == "permission.rejected":
+        return Outcome(type="interrupted", reason="user")
+    return Outcome(type="failed", error=error)
 
 
 def _activity_error(error: ActivityError) -> SessionError:

@@ -130,13 +130,20 @@ async def test_a_rejection_with_a_message_is_a_correction(h: Harness) -> None:
     assert (await h.events(sid))[-1].type == "session.execution.succeeded"
 
 
-async def test_a_tool_refusing_on_permission_grounds_fails_the_drain(h: Harness) -> None:
-    # Reference #64: permission.rejected, no step.ended, no continuation.
+async def test_a_tool_refusing_on_permission_grounds_stops_the_drain_as_the_users_interrupt(
+    h: Harness,
+) -> None:
+    # Reference §7.2 #64: permission.rejected on the tool and the step, no step.ended, no
+    # continuation; §7.4 #2: the busy period settles interrupted, reason user (not failed).
     sid = await h.session([call("r1", "refuse", text="edit")], [{"text": "never"}])
     await run(h, sid)
     assert len(h.requests()) == 1
-    types = await h.types(sid)
-    assert "session.step.ended" not in types and types[-1] == "session.execution.failed"
+    events = await h.events(sid)
+    types = [e.type for e in events]
+    assert "session.step.ended" not in types and "session.execution.failed" not in types
+    assert (events[-1].type, events[-1].data["reason"]) == ("session.execution.interrupted", "user")
+    tool = next(m for m in await h.messages(sid) if m.type == "assistant").tool("r1")
+    assert tool is not None and tool.state.error.type == "permission.rejected"
     assistant = next(m for m in await h.messages(sid) if m.type == "assistant")
     assert assistant.error.type == "permission.rejected"
     assert assistant.error.message == "Permission denied: edit"
