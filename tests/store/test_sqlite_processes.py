@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from sessionflow.models import events as ev
+from store.db import SQLITE_WAL_LIMIT_BYTES
 from store.events import StoredEvent
 from tests.conftest import Target
-from tests.store.procs import context as procs_context
-from store.db import SQLITE_WAL_LIMIT_BYTES
 from tests.store.procs import (
     MB,
     spawn,
@@ -20,6 +19,7 @@ from tests.store.procs import (
     sqlite_reader,
     sqlite_worker,
 )
+from tests.store.procs import context as procs_context
 
 ROUNDS = 30
 HELD_MB = 100  # per writer: 200 MB past the held reader
