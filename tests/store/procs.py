@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import time
 from typing import Any
 
 from sessionflow.errors import ClaimHeldError, ClaimLostError
@@ -188,5 +189,48 @@ async def _sqlite_holding_reader(target: Target, session_id: str, gates: Any) ->
             await conn.exec_driver_sql("SELECT count(*) FROM event")
             await asyncio.to_thread(start.wait)
             await asyncio.to_thread(released.wait)
+    finally:
+        await store.close()
+
+
+def skewed_claimant(
+    target: Target, session_id: str, skew_s: float, lease_ms: int, gates: Any, results: Any
+) -> None:
+    """F7: a worker process whose wall clock runs ``skew_s`` off true time (``time.time`` and
+    ``time.time_ns`` of this process only; the test's process keeps true time). It claims
+    the session and renews it twice, says so and stops renewing (as a worker that lost its
+    way), then, once told the claim was taken over, tries to renew and to write as its old
+    self. ``gates``: (stopped event, taken event). ``results``: what it saw, in order."""
+    true_time, true_ns = time.time, time.time_ns
+    time.time = lambda: true_time() + skew_s  # type: ignore[assignment]
+    time.time_ns = lambda: true_ns() + int(skew_s * 1e9)  # type: ignore[assignment]
+    asyncio.run(_skewed_claimant(target, session_id, lease_ms, gates, results))
+
+
+async def _skewed_claimant(
+    target: Target, session_id: str, lease_ms: int, gates: Any, results: Any
+) -> None:
+    stopped, taken = gates
+    store = await target.open()
+    try:
+        claim = await store.claims.acquire(
+            session_id, "exec_skewed", "owner-skewed", lease_ms=lease_ms
+        )
+        await store.append(claim, [ev.Synthetic(session_id=session_id, text="skewed 0")])
+        for _ in range(2):
+            claim = await store.claims.renew(claim)
+        results.put(("live", claim.epoch, claim.expires_at))
+        stopped.set()
+        await asyncio.to_thread(taken.wait)
+        for attempt in ("renew", "write"):
+            try:
+                if attempt == "renew":
+                    await store.claims.renew(claim)
+                else:
+                    late = ev.Synthetic(session_id=session_id, text="skewed late")
+                    await store.append(claim, [late])
+                results.put((attempt, "accepted"))
+            except ClaimLostError:
+                results.put((attempt, "refused"))
     finally:
         await store.close()

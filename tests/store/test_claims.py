@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -24,6 +23,8 @@ from store.claims import Claim
 from store.dialect import now_ms
 from tests.conftest import StoreFactory, Target
 from tests.store.helpers import backend_pid, count, expire_claim, rows, until_waiting_for
+from tests.store.procs import context as procs_context
+from tests.store.procs import skewed_claimant, spawn
 
 
 async def new_session(store: Store) -> str:
@@ -504,31 +505,62 @@ async def test_a_stalled_owner_inside_a_transaction_cannot_block_a_takeover(
         await store.close()
 
 
+SKEWED_LEASE_MS = 1000
+
+
 @pytest.mark.parametrize("skew", [-2.0, -0.5, 0.5, 2.0])
-async def test_a_skewed_worker_clock_changes_no_claim_decision(
-    store: Store, monkeypatch: pytest.MonkeyPatch, skew: float
+async def test_a_worker_process_on_a_skewed_clock_is_taken_over_by_the_database_clock(
+    target: Target, skew: float
 ) -> None:
-    """Catalogue F7: clock skew. The worker's wall clock runs ``skew`` leases off (an injected
-    ``time.time``); every claim decision is the database clock's, so none changes: a fresh
-    claim is live to a competitor, renews while live, and once the database says it expired
-    it is taken over and refused to its old holder, with or without the skew."""
-    lease = 60_000
-    true_time = time.time
-    monkeypatch.setattr(time, "time", lambda: true_time() + skew * lease / 1000)
-    sid = await new_session(store)
-    claim = await store.claims.acquire(sid, "exec_skewed", "owner-a", lease_ms=lease)
-    with pytest.raises(ClaimHeldError):
-        await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
-    renewed = await store.claims.renew(claim)
-    assert renewed.expires_at >= claim.expires_at
-    await expire_claim(store, sid)  # the database clock passes the lease
-    successor = await store.claims.acquire(sid, "exec_true", "owner-b", lease_ms=lease)
-    assert successor.epoch == claim.epoch + 1
-    with pytest.raises(ClaimLostError):
-        await store.claims.renew(renewed)
-    with pytest.raises(ClaimLostError):
-        async with store.claims.fenced(renewed):
-            pass
+    """Catalogue F7, with two parties: worker A runs in a process of its own whose wall clock
+    is ``skew`` leases off (injected there only); the test's process, B, keeps true time. A
+    claims, renews and stops renewing. B's attempts are refused while the database says A's
+    claim is live, whatever A's clock says, and the first one after its expiry by the
+    database clock takes over with the next epoch; then A's renewal and write are refused.
+    (How long the takeover took is ``bench/operator.py --skew``'s figure, not this test's.)"""
+    store = await target.open()
+    try:
+        sid = await new_session(store)
+        ctx = procs_context()
+        stopped, taken, results = ctx.Event(), ctx.Event(), ctx.Queue()
+        skew_s = skew * SKEWED_LEASE_MS / 1000
+        before = await db_now(store)
+        a = spawn(skewed_claimant, target, sid, skew_s, SKEWED_LEASE_MS, (stopped, taken), results)
+        try:
+            await asyncio.to_thread(stopped.wait, 60)
+            _, epoch, expires_at = results.get(timeout=10)
+            # A's last renewal set its expiry by the database clock: db-now + lease.
+            assert before + SKEWED_LEASE_MS <= expires_at <= await db_now(store) + SKEWED_LEASE_MS
+            refused_while_live = 0
+            while True:
+                try:
+                    successor = await store.claims.acquire(
+                        sid, "exec_true", "owner-true", lease_ms=SKEWED_LEASE_MS
+                    )
+                    break
+                except ClaimHeldError as held:
+                    # A's claim, as the database set it, judged live by the database clock.
+                    assert held.expires_at_ms == expires_at
+                    assert held.now_ms is not None and held.now_ms <= expires_at
+                    refused_while_live += 1
+                    await asyncio.sleep(0.02)
+            taken_at = await db_now(store)
+        finally:
+            taken.set()
+        seen = [results.get(timeout=30), results.get(timeout=30)]
+        a.join(30)
+        assert a.exitcode == 0
+        assert refused_while_live > 0 and taken_at > expires_at
+        assert successor.epoch == epoch + 1
+        assert seen == [("renew", "refused"), ("write", "refused")]
+        texts = [
+            e.data.text
+            for e in (await store.events.read_after(sid, -1)).events
+            if isinstance(e.data, ev.Synthetic)
+        ]
+        assert texts == ["skewed 0"]
+    finally:
+        await store.close()
 
 
 SHORT_LEASE_MS = 300  # A's claim expires by the database clock while the test watches
