@@ -73,6 +73,7 @@ class Runtime:
     tools: ToolRegistry
     providers: ProviderFactory = default_providers
     turn_timeout_s: int = 3600  # Settings.turn_timeout_s
+    claim_wait_s: int = 3600  # Settings.claim_wait_s
     retry_backoff_ms: int = 2000  # Settings.retry_backoff_ms
     batch_ms: int = 30  # Settings.batch_ms
     agents: Agents = field(default_factory=Agents)
@@ -219,12 +220,18 @@ def to_ref(claim: Claim) -> ClaimRef:
     )
 
 
-def application_error(error: SessionflowError) -> ApplicationError:
-    """Domain errors as Temporal failures: a held claim retries at its expiry, a lost one stops."""
+def application_error(
+    error: SessionflowError, *, claim_wait_s: int | None = None
+) -> ApplicationError:
+    """Domain errors as Temporal failures: a held claim retries at its expiry, a lost one stops.
+
+    ``claim_wait_s``: the worker's bound on waiting for a held claim, handed to the workflow
+    in the failure's details (the workflow holds no settings of its own)."""
     if isinstance(error, ClaimHeldError):
         wait_ms = max(100, error.remaining_ms() + 100)
         return ApplicationError(
             str(error),
+            *(() if claim_wait_s is None else (claim_wait_s,)),
             type="ClaimHeldError",
             next_retry_delay=timedelta(milliseconds=wait_ms),
         )

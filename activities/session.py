@@ -23,7 +23,15 @@ from activities.restart import (
     restart_message,
     stale,
 )
-from activities.runtime import Runtime, is_running_run, own, to_claim, to_ref, translated
+from activities.runtime import (
+    Runtime,
+    application_error,
+    is_running_run,
+    own,
+    to_claim,
+    to_ref,
+    translated,
+)
 from activities.tools.changes import step_files
 from sessionflow.agents import UnknownAgentError
 from sessionflow.errors import ClaimHeldError
@@ -128,7 +136,7 @@ class SessionActivities:
             except ClaimHeldError as held:
                 dead = await closed_owner(held)
                 if dead is None:
-                    raise
+                    raise application_error(held, claim_wait_s=self.rt.claim_wait_s) from held
                 # Temporal says the owner's run is over (terminated, reset, timed out): no need
                 # to wait for its lease. Its zombie activities are fenced by the new epoch.
                 claim = await self.store.acquire(*ids, begin, dead=dead)

@@ -100,6 +100,9 @@ class Settings(BaseModel):
     workflow_sandbox: bool = False
     max_concurrent_activities: int = Field(default=1000, ge=1)
     turn_timeout_s: int = Field(default=3600, ge=1)
+    # How long a busy period waits for a claim another live execution holds, then fails
+    # ("claim.timeout"), keeping its input for the next one (catalogue C7).
+    claim_wait_s: int = Field(default=3600, ge=1)
     retry_backoff_ms: int = Field(default=2000, ge=1)
     batch_ms: int = Field(default=30, ge=1, le=1000)
     sandbox: bool = True
@@ -149,6 +152,7 @@ _VARIABLES = (
     ("workflow_sandbox", "SESSIONFLOW_WORKFLOW_SANDBOX"),
     ("max_concurrent_activities", "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES"),
     ("turn_timeout_s", "SESSIONFLOW_TURN_TIMEOUT_S"),
+    ("claim_wait_s", "SESSIONFLOW_CLAIM_WAIT_S"),
     ("retry_backoff_ms", "SESSIONFLOW_RETRY_BACKOFF_MS"),
     ("batch_ms", "SESSIONFLOW_BATCH_MS"),
     ("sandbox", "SESSIONFLOW_SANDBOX"),

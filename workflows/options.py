@@ -17,10 +17,21 @@ from temporalio.exceptions import ActivityError, FailureError
 T = TypeVar("T")
 
 
+# How long a remote activity may wait in its queue for a worker on top of running (catalogue
+# C7: a task lost between a worker's poll and its start is found by the schedule-to-close
+# bound, as a running one is by its heartbeat or start-to-close).
+QUEUE_WAIT = timedelta(hours=1)
+# The default bound on waiting for a claim another live execution holds (the worker's
+# ``SESSIONFLOW_CLAIM_WAIT_S`` replaces it): then the busy period fails "claim.timeout".
+CLAIM_WAIT = timedelta(hours=1)
+
+
 @dataclass(frozen=True)
 class Options:
     start_to_close: timedelta
     retry: RetryPolicy
+    # Every attempt, retry waits and queue time together (C7): never None for a real option.
+    schedule_to_close: timedelta | None = None
     heartbeat: timedelta | None = None
     # Interruptible activities heartbeat; the workflow waits until they really stopped.
     cancellation: workflow.ActivityCancellationType = workflow.ActivityCancellationType.TRY_CANCEL
@@ -42,6 +53,7 @@ SHORT = Options(
         maximum_attempts=20,
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
+    schedule_to_close=timedelta(minutes=30),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     local=True,
 )
@@ -57,6 +69,7 @@ CLAIM = Options(
             "InvalidInputError",
         ],
     ),
+    schedule_to_close=CLAIM_WAIT,
     # An attempt that runs when the interrupt lands finishes, so a granted claim is known
     # (and released with the terminal event) rather than left behind.
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
@@ -66,6 +79,7 @@ CLAIM = Options(
 CLAIM_AT_ONCE = Options(
     timedelta(seconds=60),
     RetryPolicy(maximum_attempts=1),
+    schedule_to_close=timedelta(seconds=60),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     local=True,
 )
@@ -73,6 +87,7 @@ CLAIM_AT_ONCE = Options(
 TURN = Options(
     timedelta(minutes=30),
     RetryPolicy(maximum_attempts=1),
+    schedule_to_close=timedelta(minutes=30) + QUEUE_WAIT,
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
@@ -84,6 +99,7 @@ COMPACT = Options(
         maximum_attempts=3,
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
+    schedule_to_close=3 * timedelta(minutes=30) + QUEUE_WAIT,
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
@@ -94,6 +110,7 @@ TOOL = Options(
         maximum_attempts=3,
         non_retryable_error_types=["ClaimLostError", "StaleAttemptError"],
     ),
+    schedule_to_close=3 * timedelta(hours=2) + QUEUE_WAIT,
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 )
@@ -106,6 +123,7 @@ REVERT = Options(
         maximum_attempts=5,
         non_retryable_error_types=["ClaimLostError", "SessionNotFoundError"],
     ),
+    schedule_to_close=5 * timedelta(minutes=10) + QUEUE_WAIT,
     heartbeat=timedelta(seconds=5),
     cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     schedule_to_start=timedelta(seconds=30),
@@ -137,6 +155,7 @@ async def call(name: str, arg: Any, result_type: type[T], summary: str, options:
         result_type=result_type,
         task_queue=options.task_queue,
         schedule_to_start_timeout=options.schedule_to_start,
+        schedule_to_close_timeout=options.schedule_to_close,
         start_to_close_timeout=options.start_to_close,
         heartbeat_timeout=options.heartbeat,
         retry_policy=options.retry,
@@ -152,6 +171,7 @@ async def _local(name: str, arg: Any, result_type: type[T], summary: str, option
             name,
             arg,
             result_type=result_type,
+            schedule_to_close_timeout=options.schedule_to_close,
             start_to_close_timeout=options.start_to_close,
             retry_policy=options.retry,
             cancellation_type=options.cancellation,

@@ -18,13 +18,30 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    RetryState,
+    TimeoutType,
+)
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 from workflows.approvals import Approvals
 from workflows.children import Children
 from workflows.hosts import HostCalls
-from workflows.options import CLAIM, CLAIM_AT_ONCE, COMPACT, REVERT, SHORT, TOOL, TURN, call
+from workflows.options import (
+    CLAIM,
+    CLAIM_AT_ONCE,
+    CLAIM_WAIT,
+    COMPACT,
+    QUEUE_WAIT,
+    REVERT,
+    SHORT,
+    TOOL,
+    TURN,
+    call,
+)
 
 with workflow.unsafe.imports_passed_through():
     from sessionflow.errors import CLAIM_RELEASED
@@ -456,9 +473,20 @@ class SessionWorkflow:
             failed = error if isinstance(error, ApplicationError) else error.cause
             if not isinstance(failed, ApplicationError):
                 raise
-            # Acquiring is idempotent per execution id: the retrying path takes over.
+            # Acquiring is idempotent per execution id: the retrying path takes over, for as
+            # long as the worker's bound on a held claim says (its failure's detail).
+            wait = _claim_wait(failed)
         self._check_stopping()  # a held claim is not worth waiting for once interrupted
-        return await call("acquire_claim", request, ClaimRef, "claim session", CLAIM)
+        options = replace(CLAIM, schedule_to_close=wait)
+        try:
+            return await call("acquire_claim", request, ClaimRef, "claim session", options)
+        except ActivityError as error:
+            # The bound ran out while a retry waited (the last refusal, state TIMEOUT) or while
+            # an attempt ran (a timeout failure).
+            timed_out = error.retry_state == RetryState.TIMEOUT
+            if not (timed_out or isinstance(error.cause, ActivityTimeoutError)):
+                raise
+            raise DrainFailure(_claim_timeout(self.session_id, error, wait)) from None
 
     async def _finish_execution(
         self, claim: ClaimRef, outcome: Outcome, parent: ParentCall | None = None
@@ -684,7 +712,8 @@ class SessionWorkflow:
             retry=retry,
             skip_compaction=compacted,
         )
-        options = replace(TURN, start_to_close=timedelta(seconds=self.turn_timeout_s))
+        bound = timedelta(seconds=self.turn_timeout_s)
+        options = replace(TURN, start_to_close=bound, schedule_to_close=bound + QUEUE_WAIT)
         try:
             summary = f"turn {self.turns + 1} · step {step}"
             return await call("stream_turn", request, TurnResult, summary, options)
@@ -961,6 +990,32 @@ def _released(error: ActivityError) -> bool:
         isinstance(cause, ApplicationError)
         and cause.type == "ClaimLostError"
         and CLAIM_RELEASED in str(cause)
+    )
+
+
+def _claim_wait(failed: ApplicationError) -> timedelta:
+    """The worker's bound on waiting for a held claim (``SESSIONFLOW_CLAIM_WAIT_S``), which
+    its refusal carries; the default bound when the refusal was for another reason."""
+    details = failed.details if failed.type == "ClaimHeldError" else ()
+    if details and isinstance(details[0], int):
+        return timedelta(seconds=details[0])
+    return CLAIM_WAIT
+
+
+def _claim_timeout(session_id: str, error: ActivityError, wait: timedelta) -> SessionError:
+    """The claim's retries ran out (C7): a typed failure naming the holder, as last seen."""
+    last = error.cause
+    if isinstance(last, ActivityTimeoutError):
+        last = last.cause
+    holder = f" ({last.message})" if isinstance(last, ApplicationError) else ""
+    return SessionError(
+        type="claim.timeout",
+        message=(
+            f"Session {session_id} stayed claimed by another execution for "
+            f"{int(wait.total_seconds())} s, the bound on waiting for it "
+            f"(SESSIONFLOW_CLAIM_WAIT_S){holder}. Its pending input is kept: prompt or resume "
+            "the session again once that execution has ended."
+        ),
     )
 
 

@@ -27,6 +27,7 @@ ErrorType = Literal[
     "tool.input-json",
     "tool.outcome-unknown",
     "tool.host-unavailable",
+    "claim.timeout",
     "aborted",
     "compaction.failed",
     "compaction.interrupted",

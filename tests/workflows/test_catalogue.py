@@ -279,21 +279,47 @@ async def _idle(h: Harness, sid: str) -> bool:
 
 
 def test_every_activity_has_a_bound_that_finds_a_lost_task() -> None:
-    """C7: a lost activity task (its worker died after polling it, before or while running it)
-    never hangs the workflow. Every activity the workflow runs has a start-to-close timeout;
-    every remote one that may run longer than a minute heartbeats within seconds, so the
-    server notices a lost task and retries it (or fails it to the workflow) long before its
-    start-to-close. The crash tests (C1, C3) show the retry itself; this checks that no
-    activity is without the bound."""
+    """C7: a lost activity task (its worker died after polling it, before or while running it,
+    or no worker ever took it) never hangs the workflow. Every activity the workflow runs has
+    a start-to-close timeout, and a schedule-to-close one that bounds its attempts, retry
+    waits and time in the queue together; every remote one that may run longer than a minute
+    heartbeats within seconds, so the server notices a lost task and retries it (or fails it
+    to the workflow) long before its start-to-close. The crash tests (C1, C3) show the retry
+    itself; this checks that no activity is without the bounds."""
     options = {
         name: value for name, value in vars(session_workflow).items() if isinstance(value, Options)
     }
-    assert {"SHORT", "CLAIM", "CLAIM_AT_ONCE", "TURN", "COMPACT", "TOOL"} <= set(options)
+    assert {"SHORT", "CLAIM", "CLAIM_AT_ONCE", "TURN", "COMPACT", "TOOL", "REVERT"} <= set(options)
     for name, option in options.items():
         assert timedelta(0) < option.start_to_close <= timedelta(hours=2), name
+        assert option.schedule_to_close is not None, f"{name} has no schedule-to-close bound"
+        assert option.start_to_close <= option.schedule_to_close <= timedelta(hours=8), name
         if not option.local and option.start_to_close > timedelta(minutes=1):
             assert option.heartbeat is not None, f"{name} runs long without a heartbeat"
             assert option.heartbeat <= timedelta(seconds=10), name
+
+
+async def test_a_claim_held_past_the_workers_bound_fails_typed_and_keeps_the_input(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """C7: the claim's retries are bounded. Another live execution holds the claim longer
+    than the worker's ``claim_wait_s``: the busy period fails with a ``claim.timeout`` error
+    naming the holder and the setting, writes nothing (it never had the claim), and keeps the
+    prompt, which the next busy period runs once the holder is gone."""
+    async with harness(temporal_env.client, store, tmp_path, claim_wait_s=2) as h:
+        sid = await h.session([{"text": "after the wait"}])
+        other = await h.store.claims.acquire(sid, "exec_other", "owner-other", lease_ms=600_000)
+        await h.client.prompt(sid, "Go", wake=False)
+        outcome = await h.client.resume(sid)
+        assert outcome.type == "failed" and outcome.error is not None
+        assert outcome.error.type == "claim.timeout"
+        assert "exec_other" in outcome.error.message
+        assert "SESSIONFLOW_CLAIM_WAIT_S" in outcome.error.message
+        assert h.requests() == [] and "session.execution.started" not in await h.types(sid)
+        assert [i.prompt.text for i in await h.store.inputs.pending(sid) if i.prompt] == ["Go"]
+        await h.store.claims.release(other)
+        assert (await h.client.resume(sid)).type == "succeeded"
+        assert len(h.requests()) == 1
 
 
 LEASE_MS = 2000
