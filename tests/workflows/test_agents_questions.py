@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities.history import DEFAULT_SYSTEM
 from sessionflow.agents import Agent, Agents, UnknownAgentError
+from sessionflow.models.messages import AssistantMessage
 from sessionflow.models.permissions import Rule
 from store import Store
 from tests.workflows.harness import Harness, call, harness
@@ -70,6 +72,7 @@ REVIEWER = Agent(
     max_steps=2,
     permissions=(Rule(tool="bash", pattern="touch *", action="allow"),),
 )
+BLANK = Agent(name="blank", mode="primary", system="")
 
 
 @pytest.fixture
@@ -77,7 +80,7 @@ async def hr(
     temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> AsyncIterator[Harness]:
     """A harness whose worker and client know the reviewer, the configured default agent."""
-    known = Agents({"reviewer": REVIEWER}, default="reviewer")
+    known = Agents({"reviewer": REVIEWER, "blank": BLANK}, default="reviewer")
     async with harness(temporal_env.client, store, tmp_path, agents=known) as running:
         running.client.agents = known
         yield running
@@ -98,6 +101,50 @@ async def test_agent_system_prompts_and_the_configured_default(hr: Harness) -> N
     assert second["system"][0].startswith("You are a coding agent")
     starts = [e.data["agent"] for e in await h.events(sid) if e.type == "session.step.started"]
     assert starts == ["reviewer", "build"]
+    # Reference §7.2 #12: the assistant message of the omitted agent is the default agent's.
+    assert await _agents(h, sid) == ["reviewer", "build"]
+
+
+async def _agents(h: Harness, sid: str) -> list[str]:
+    return [m.agent for m in await h.messages(sid) if isinstance(m, AssistantMessage)]
+
+
+async def test_10_an_agent_with_an_empty_system_prompt_gets_the_default_prompt(
+    hr: Harness,
+) -> None:
+    # Reference §7.2 #10 (its model-family prompt is this product's one default prompt).
+    h = hr
+    sid = await h.session([{"text": "one"}], agent="blank")
+    await h.client.prompt(sid, "Go")
+    await h.client.wait_idle(sid, timeout=30)
+    (request,) = h.requests()
+    assert request["system"] == [DEFAULT_SYSTEM]
+    assert await _agents(h, sid) == ["blank"]
+
+
+async def test_16_an_agent_selected_while_the_attempt_runs_applies_only_from_the_next(
+    hr: Harness,
+) -> None:
+    # Reference §7.2 #16. The attempt samples its agent when it opens; the selection here
+    # lands once its request is out and before any of its step is published.
+    h = hr
+    sid = await h.session(
+        [{"wait_for_file": h.gate_file("provider")}, {"text": "one"}], [{"text": "two"}]
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: len(h.requests()) == 1)
+    await h.client.set_agent(sid, "build")
+    h.open_gate("provider")
+    await h.client.wait_idle(sid, timeout=30)
+    (request,) = h.requests()
+    assert request["system"] == ["You review code."]
+    assert await _agents(h, sid) == ["reviewer"]
+    await h.client.prompt(sid, "Again")
+    await h.client.wait_idle(sid, timeout=30)
+    assert h.requests()[1]["system"] == [DEFAULT_SYSTEM]
+    starts = [e.data["agent"] for e in await h.events(sid) if e.type == "session.step.started"]
+    assert starts == ["reviewer", "build"]
+    assert await _agents(h, sid) == ["reviewer", "build"]
 
 
 async def test_an_agents_rules_and_step_limit_apply(hr: Harness) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
+from activities.providers.errors import classify
 from sessionflow.models.messages import CompactionMessage
 from store import Store
 from tests.conftest import Target
@@ -193,6 +194,38 @@ async def test_27_a_second_overflow_after_one_recovery_fails_the_drain(h: Harnes
     assert last.finish == "error"
     assert "prompt is too long" in last.error.message
     assert (await h.types(sid))[-1] == "session.execution.failed"
+
+
+async def test_28_a_raw_context_overflow_failure_is_compacted_once_and_retried(
+    h: Harness,
+) -> None:
+    # Not an event: the adapter raises, having classified the HTTP 400 as an overflow.
+    message = "This model's maximum context length is 128000 tokens."
+    assert classify(400, "invalid_request_error", "context_length_exceeded", message) == (
+        "context_overflow"
+    )
+    overflow = {"kind": "context_overflow", "message": message, "status": 400}
+    sid = await h.session(
+        [{"text": "a long answer"}],
+        [{"error": overflow}],
+        [{"text": "the summary"}],
+        [{"text": "fits now"}],
+        compaction=SMALL,
+    )
+    await h.client.prompt(sid, "One")
+    await h.client.wait_idle(sid, timeout=30)
+    await h.client.prompt(sid, "Continue")
+    await h.client.wait_idle(sid, timeout=30)
+    requests = h.requests()
+    assert len(requests) == 4
+    assert _user_texts(requests[2])[0].startswith("Create a new anchored summary")
+    (checkpoint,) = _user_texts(requests[3])
+    assert "<summary>\nthe summary\n</summary>" in checkpoint and "[User]: Continue" in checkpoint
+    last = (await _assistants(h, sid))[-1]
+    assert last.finish == "stop" and last.error is None
+    (compaction,) = await _compactions(h, sid)
+    assert (compaction.status, compaction.summary) == ("completed", "the summary")
+    assert (await h.types(sid))[-1] == "session.execution.succeeded"
 
 
 async def test_29_the_original_overflow_stands_when_the_summary_fails(h: Harness) -> None:

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from activities.history import DEFAULT_SYSTEM
 from sessionflow.client import ClientEvent
 from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, SessionError
-from sessionflow.models.messages import AssistantMessage, ReasoningPart
+from sessionflow.models.messages import AssistantMessage, ReasoningPart, TextPart
 from store import open_store
 from store.events import SerializedEvent, StoredEvent, Synced
 from tests.workflows.harness import Harness, call
@@ -294,6 +295,64 @@ async def test_35_reasoning_metadata_is_replayed_to_the_same_model_only(h: Harne
     ]
 
 
+async def test_17_a_model_selected_while_the_attempt_runs_applies_only_from_the_next(
+    h: Harness,
+) -> None:
+    sid = await h.session(
+        [{"wait_for_file": h.gate_file("provider")}, {"text": "sampled"}], [{"text": "never"}]
+    )
+    sampled = (await h.client.session(sid)).model
+    assert sampled is not None
+    other = h.script([], [{"text": "switched"}], name="other.json")
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: len(h.requests()) == 1)  # the attempt has resolved its model
+    await h.store.events.publish(ev.ModelSelected(session_id=sid, model=ModelRef.parse(other)))
+    h.open_gate("provider")  # nothing of the step is published before this
+    await h.client.wait_idle(sid, timeout=30)
+    (request,) = h.requests()
+    assert ModelRef.model_validate(request["model"]) == sampled
+    assert h.requests("other.json") == []
+    assistant = await only_assistant(h, sid)
+    (text,) = assistant.content
+    assert assistant.model == sampled
+    assert isinstance(text, TextPart) and text.text == "sampled"
+    started = await first_event(h, sid, "session.step.started")
+    assert ModelRef.model_validate(started.data["model"]) == sampled
+    await run(h, sid, "Again")  # the selection did take: the next attempt resolves it
+    (switched,) = h.requests("other.json")
+    assert ModelRef.model_validate(switched["model"]) == ModelRef.parse(other)
+
+
+async def test_34_a_model_switch_while_a_tool_runs_applies_to_the_continuation_turn(
+    h: Harness,
+) -> None:
+    (h.workspace / "AGENTS.md").write_text("Initial context")
+    sid = await h.session(
+        [call("call_1", "gate", text="ran", gate=h.gate_file("tool"))], [{"text": "never"}]
+    )
+    replacement = h.script([], [{"text": "continued"}], name="replacement.json")
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    selected = ev.ModelSelected(session_id=sid, model=ModelRef.parse(replacement))
+    await h.store.events.publish(selected)
+    (h.workspace / "AGENTS.md").write_text("Replacement context")
+    h.open_gate("tool")
+    await h.client.wait_idle(sid, timeout=30)
+    (first,) = h.requests()
+    (second,) = h.requests("replacement.json")
+    assert ModelRef.model_validate(second["model"]) == ModelRef.parse(replacement)
+    baseline = [
+        DEFAULT_SYSTEM,
+        '<instructions source="AGENTS.md">\nInitial context\n</instructions>',
+    ]
+    assert first["system"] == second["system"] == baseline
+    assert h.roles(second) == ["user", "assistant", "tool", "system"]
+    changed = second["messages"][3]["content"][0]["text"]
+    assert "Replacement context" in changed
+    (text,) = (await assistants(h, sid))[-1].content
+    assert isinstance(text, TextPart) and text.text == "continued"
+
+
 async def test_91_sequential_text_fragments_are_separate_content_parts(h: Harness) -> None:
     sid = await h.session([{"text": "First"}, {"text": "Second"}])
     assert (await resume(h, sid, "Go")).type == "succeeded"
@@ -399,6 +458,56 @@ async def test_48_a_steer_accepted_while_the_turn_fails_runs_in_a_successor_peri
         "session.execution.succeeded",
     ]
     assert await h.store.inputs.pending(sid) == []
+
+
+async def test_71_a_promoted_steer_resets_the_step_allowance(h: Harness) -> None:
+    sid = await h.session(
+        [call("call_1", "gate", text="before", gate=h.gate_file("tool"))],
+        [call("call_2", "gate", text="after")],
+        [{"text": "done"}],
+        [{"text": "never"}],
+        max_steps=2,
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    await h.client.prompt(sid, "Steer")
+    h.open_gate("tool")
+    await h.client.wait_idle(sid, timeout=30)
+    first, second, third = h.requests()
+    assert first["tools"] and first["tool_choice"] is None
+    # Step 2 would be the last; the steer promoted with it makes it step 1 again.
+    assert users(second) == ["Go", "Steer"]
+    assert second["tools"] and second["tool_choice"] is None
+    assert third["tools"] == [] and third["tool_choice"] == "none"
+    assert h.gate.started == ["before", "after"]
+
+
+async def test_43_a_steer_accepted_during_an_interrupted_turn_waits_for_a_later_resume(
+    h: Harness,
+) -> None:
+    sid = await h.session(
+        [{"text": "partial"}, {"wait_for_file": h.gate_file("never")}],
+        [{"text": "resumed"}],
+        [{"text": "never"}],
+    )
+    await h.client.prompt(sid, "Start")
+    await h.until(lambda: len(h.requests()) == 1)
+    await h.client.prompt(sid, "Steer")
+    assert (await h.client.interrupt(sid)).status == "stopped"
+    await h.client.wait_idle(sid, timeout=30)
+    assert (await h.types(sid))[-1] == "session.execution.interrupted"
+    assert len(h.requests()) == 1
+    assert [i.prompt.text for i in await h.store.inputs.pending(sid) if i.prompt] == ["Steer"]
+    assert (await h.client.resume(sid)).type == "succeeded"
+    assert [users(r) for r in h.requests()] == [["Start"], ["Start", "Steer"]]
+    assert await h.store.inputs.pending(sid) == []
+    executions = [t for t in await h.types(sid) if t.startswith("session.execution.")]
+    assert executions == [
+        "session.execution.started",
+        "session.execution.interrupted",
+        "session.execution.started",
+        "session.execution.succeeded",
+    ]
 
 
 # --- stale tools --------------------------------------------------------------------------------
@@ -566,6 +675,19 @@ async def test_77_raw_provider_failures_are_terminal_assistant_step_failures(h: 
     (replayed_assistant,) = [m for m in await replayed(h, sid) if m.type == "assistant"]
     assert (replayed_assistant.finish, replayed_assistant.error) == ("error", invalid)
     await assert_replays(h, sid)
+
+
+async def test_56_a_64_hex_session_id_gives_its_64_characters_as_the_prompt_cache_key(
+    h: Harness,
+) -> None:
+    model = h.script([{"text": "ok"}], [{"text": "never"}])
+    ids = [f"ses_{uuid.uuid4().hex}{uuid.uuid4().hex}" for _ in range(2)]
+    for sid in ids:
+        await h.client.create_session(workspace=str(h.workspace), model=model, session_id=sid)
+        await run(h, sid)
+    keys = {r["session_id"]: r["prompt_cache_key"] for r in h.requests()}
+    assert keys == {sid: sid.removeprefix("ses_") for sid in ids}
+    assert [len(key) for key in keys.values()] == [64, 64]
 
 
 # --- retries ------------------------------------------------------------------------------------
@@ -741,6 +863,47 @@ async def test_89_a_hosted_tool_left_unresolved_by_a_raw_stream_failure_fails(
 
 
 # --- interrupts ---------------------------------------------------------------------------------
+
+
+async def test_67_an_interrupted_stream_fails_its_blocked_local_tool_durably(
+    h: Harness,
+) -> None:
+    sid = await h.session(
+        [
+            call("call_1", "gate", gate=h.gate_file("never")),
+            {"wait_for_file": h.gate_file("stream")},  # never opened: the stream stays open
+        ],
+        [{"text": "after"}],
+    )
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    assert (await h.client.interrupt(sid)).status == "stopped"
+    await h.client.wait_idle(sid, timeout=30)
+    assert len(h.requests()) == 1 and h.gate.active == 0
+    for history in (await h.messages(sid), await replayed(h, sid)):
+        (assistant,) = [m for m in history if m.type == "assistant"]
+        tool = assistant.tool("call_1")
+        assert tool is not None and tool.state.status == "error"
+        assert tool.state.error == INTERRUPTED_TOOL
+        assert (assistant.finish, assistant.error) == ("error", INTERRUPTED_STEP)
+    events = await h.events(sid)
+    assert step_events(events, assistant.id) == [
+        "session.step.started",
+        "session.tool.called",
+        "session.tool.failed",
+        "session.step.failed",
+    ]
+    assert events[-1].type == "session.execution.interrupted"
+    await assert_replays(h, sid)
+    assert (await h.client.resume(sid)).type == "succeeded"
+    request = h.requests()[1]
+    assert h.roles(request) == ["user", "assistant", "tool"]
+    (result,) = request["messages"][2]["content"]
+    assert (result["call_id"], result["is_error"], result["output"]) == (
+        "call_1",
+        True,
+        INTERRUPTED_TOOL.message,
+    )
 
 
 async def test_69_interrupt_while_awaiting_tool_settlement_fails_tool_and_step(
