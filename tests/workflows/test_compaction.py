@@ -163,6 +163,7 @@ async def test_26_a_context_overflow_is_compacted_once_and_the_step_retried(h: H
         [{"provider_error": "prompt is too long: 250000 tokens > 200000 maximum"}],
         [{"text": "the summary"}],
         [{"text": "fits now"}],
+        [{"text": "next answer"}],
         compaction=SMALL,
     )
     await h.client.prompt(sid, "One")
@@ -176,8 +177,16 @@ async def test_26_a_context_overflow_is_compacted_once_and_the_step_retried(h: H
     assert "<summary>\nthe summary\n</summary>" in checkpoint and "[User]: Continue" in checkpoint
     last = (await _assistants(h, sid))[-1]
     assert last.finish == "stop" and last.error is None
+    # The retried step keeps its message, listed before the compaction (DESIGN.md)...
     assert [m.type for m in await h.messages(sid)][-1] == "compaction"
     assert (await h.types(sid))[-1] == "session.execution.succeeded"
+    # ... and the context is the reference's: the checkpoint, then the recovered answer.
+    await h.client.prompt(sid, "Next")
+    await h.client.wait_idle(sid, timeout=30)
+    after = h.requests()[4]
+    assert h.roles(after) == ["user", "assistant", "user"]
+    assert after["messages"][1]["content"][0]["text"] == "fits now"
+    assert _user_texts(after)[-1] == "Next"
 
 
 async def test_27_a_second_overflow_after_one_recovery_fails_the_drain(h: Harness) -> None:
