@@ -9,15 +9,20 @@
 - I6: one ``tool.called`` per (assistant message, call id); in a final log every call settled.
 - I7: one execution per epoch (a takeover always moves the epoch on).
 - I8: the log starts with the session's ``session.created``.
+- I9: the projections (the session's messages and parts) equal a rebuild from its events
+  alone, replayed into a fresh store.
 """
 
 from __future__ import annotations
 
+import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
-from store import Store
-from store.events import StoredEvent
+from store import Store, open_store
+from store.events import SerializedEvent, StoredEvent
 
 TOOL_TERMINALS = {"session.tool.success", "session.tool.failed"}
 STEP_TERMINALS = {"session.step.ended", "session.step.failed"}
@@ -69,12 +74,48 @@ async def check_store(store: Store, *, allowed: Collection[str] = ()) -> None:
     """Every session in ``store`` keeps the invariants, but those a test breaks on purpose
     (``allowed``, e.g. ``{"I5"}``)."""
     found: list[str] = []
+    logs = {}
     for session in await store.sessions.list(limit=100_000):
         final = await store.claims.current(session.id) is None
-        for problem in violations(await final_log(store, session.id), final=final):
+        logs[session.id] = await final_log(store, session.id)
+        for problem in violations(logs[session.id], final=final):
             if problem.split(":")[0] not in allowed:
                 found.append(f"{session.id}: {problem}")
+    if "I9" not in allowed:
+        found += await _rebuilt(store, logs)
     assert not found, "\n".join(found)
+
+
+async def _rebuilt(store: Store, logs: dict[str, list[StoredEvent]]) -> list[str]:
+    """I9: every session's log replayed into one fresh SQLite store (in memory-backed files,
+    where a commit costs no disk flush), and its projections compared with the store's."""
+    if not any(logs.values()):
+        return []
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as root:
+        copy = await open_store(f"sqlite+aiosqlite:///{Path(root) / f'{uuid.uuid4().hex}.db'}")
+        try:
+            problems = []
+            for session_id, log in logs.items():
+                await copy.events.replay_all([_serialized(e) for e in log])
+                if await copy.sessions.messages(session_id) != await store.sessions.messages(
+                    session_id
+                ):
+                    problems.append(f"I9: {session_id}'s messages differ from a rebuild")
+            return problems
+        finally:
+            await copy.close()
+
+
+def _serialized(event: StoredEvent) -> SerializedEvent:
+    return SerializedEvent(
+        id=event.id,
+        type=event.type,
+        seq=event.seq,
+        aggregate_id=event.aggregate_id,
+        data=event.data.model_dump(mode="json"),
+        created=event.created,
+    )
 
 
 def _kind(event: StoredEvent) -> str:

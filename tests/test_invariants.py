@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import sqlalchemy as sa
 
 from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef
+from store import Store
 from store.events import StoredEvent
-from tests.invariants import violations
+from tests.invariants import check_store, violations
 
 SID = "ses_checker"
 MSG = "msg_a"
@@ -133,3 +135,22 @@ def test_a_log_still_claimed_may_lack_terminals_but_never_have_extra_ones() -> N
     assert violations(unfinished, final=True) != []
     doubled = _two_execution_terminals(_clean())
     assert violations(doubled, final=False) != []
+
+
+async def test_projections_that_differ_from_a_rebuild_are_reported(store: Store) -> None:
+    """I9: the store's projections are compared with a rebuild from the events alone. (The
+    prompt is promoted under no claim, which I4 and I5 would report: they are not this
+    test's.)"""
+    others = {"I4", "I5"}
+    sid = (await store.sessions.create("/w")).id
+    receipt = await store.inputs.admit(sid, "Hello")
+    await store.events.publish(ev.PromptPromoted(session_id=sid, input_id=receipt.id))
+    assert await store.sessions.messages(sid)
+    await check_store(store, allowed=others)  # the projection is what the events make
+    async with store.db.write() as tx:
+        await tx.conn.execute(
+            sa.text("UPDATE session_message SET data = replace(data, 'Hello', 'Tampered')")
+        )
+    with pytest.raises(AssertionError, match=f"I9: {sid}'s messages differ from a rebuild"):
+        await check_store(store, allowed=others)
+    await check_store(store, allowed={"I9", *others})
