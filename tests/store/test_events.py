@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from typing import Any
 
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from sessionflow.errors import InvalidDurableEventError, InvalidIdError, PayloadTooLargeError
 from store import Store
@@ -105,11 +108,28 @@ async def test_failing_commit_hook_rolls_back_event_sequence_and_projection(stor
     assert await count(store, "event_sequence") == 0
 
 
+def committed_ids(store: Store, aggregate_id: str) -> list[str]:
+    """The aggregate's event ids as another connection sees them: only what was committed."""
+    url = make_url(store.db.url)
+    query = "SELECT id FROM {} WHERE aggregate_id = {} ORDER BY seq"
+    if store.db.dialect == "sqlite":
+        with sqlite3.connect(str(url.database)) as conn:
+            found = conn.execute(query.format("event", "?"), (aggregate_id,)).fetchall()
+    else:
+        table = f'"{store.db.schema}".event' if store.db.schema else "event"
+        libpq = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(libpq) as conn:
+            found = conn.execute(query.format(table, "%s"), (aggregate_id,)).fetchall()
+    return [row[0] for row in found]
+
+
 async def test_listeners_run_after_commit_and_can_read_the_row(store: Store) -> None:
-    seen: list[int] = []
-    store.events.listen(lambda event: seen.append(event.seq))
-    await store.events.publish(Probe(session_id=AGG))
-    assert seen == [0]
+    """Reference §7.3 #14: a global listener hears a durable event only once it is committed,
+    so it can read its row (from a connection of its own, inside the call)."""
+    seen: list[tuple[int, list[str]]] = []
+    store.events.listen(lambda event: seen.append((event.seq, committed_ids(store, AGG))))
+    stored = await store.events.publish(Probe(session_id=AGG))
+    assert seen == [(0, [stored.id])]
     assert await count(store, "event") == 1
 
 
@@ -234,11 +254,21 @@ async def test_identical_replay_is_a_no_op_and_is_not_republished(store: Store) 
 
 
 async def test_divergent_replay_fails(store: Store) -> None:
-    await store.events.replay(serialized(0, value=1))
+    """Reference §7.3 #42: a stale replay (at a stored position) that diverges from the stored
+    event is refused without being published, and the log stays as it was."""
+    heard: list[int] = []
+    store.events.listen(lambda event: heard.append(event.seq))
+    await store.events.replay_all([serialized(0, value=1), serialized(1, value=1)], publish=True)
+    before = await collect(store)
     with pytest.raises(
         InvalidDurableEventError, match=f"Replay diverged at aggregate {AGG} sequence 0"
     ):
-        await store.events.replay(serialized(0, value=2))
+        await store.events.replay(serialized(0, value=2), publish=True)
+    assert heard == [0, 1]  # the accepted replays only
+    after = await collect(store)
+    assert after == before
+    assert [e.data.model_dump()["value"] for e in after if isinstance(e, StoredEvent)] == [1, 1]
+    assert await store.events.latest_sequence(AGG) == 1
 
 
 async def test_an_event_id_reused_at_another_position_is_refused(store: Store) -> None:
@@ -296,6 +326,19 @@ async def test_exact_replay_claims_an_unowned_aggregate(store: Store) -> None:
 async def test_replay_with_owner_claims_a_new_sequence(store: Store) -> None:
     await store.events.replay(serialized(0), owner_id="owner-1")
     assert await rows(store, "SELECT seq, owner_id FROM event_sequence") == [(0, "owner-1")]
+
+
+async def test_replay_claims_an_existing_unowned_sequence_before_fencing_another_owner(
+    store: Store,
+) -> None:
+    """Reference §7.3 #39: an owner's replay at the next position of a sequence that exists
+    but has no owner is accepted and claims it; a different owner is then fenced."""
+    await store.events.replay(serialized(0))
+    assert await rows(store, "SELECT seq, owner_id FROM event_sequence") == [(0, None)]
+    assert await store.events.replay(serialized(1), owner_id="owner-1") is not None
+    assert await store.events.replay(serialized(2), owner_id="owner-2") is None
+    assert seqs(await collect(store)) == [0, 1]
+    assert await rows(store, "SELECT seq, owner_id FROM event_sequence") == [(1, "owner-1")]
 
 
 async def test_replay_from_a_different_owner_leaves_the_claimed_sequence_alone(

@@ -481,6 +481,10 @@ async def test_a_wake_with_nothing_pending_makes_no_request(h: Harness) -> None:
 
 
 async def test_wakes_during_a_drain_coalesce_into_one_busy_period(h: Harness) -> None:
+    """Reference §7.1 #8: 3 concurrent wakes during drain #1 make exactly 2 drains. Here a
+    drain is a pass of the busy period's drain loop, each but the first opened by
+    ``prepare_drain`` (the first by ``claim_and_prepare``): the wakes coalesce into one
+    follow-up pass, in the same busy period."""
     gate = h.gate_file("provider")
     sid = await h.session(
         [{"wait_for_file": gate}, {"text": "a"}], [{"text": "b"}], [{"text": "c"}], [{"text": "d"}]
@@ -488,14 +492,17 @@ async def test_wakes_during_a_drain_coalesce_into_one_busy_period(h: Harness) ->
     await h.client.prompt(sid, "One")
     await h.until(lambda: len(h.requests()) == 1)
     for _ in range(3):
-        await h.client.prompt(sid, "More", delivery="queue")
-        await h.client.wake(sid)
+        await h.client.prompt(sid, "More", delivery="queue", wake=False)
+    await asyncio.gather(*(h.client.wake(sid) for _ in range(3)))
+    await h.until(_wake_pending(h, sid))  # taken while drain #1 still streams
     h.open_gate("provider")
     await h.client.wait_idle(sid, timeout=30)
     types = await h.types(sid)
     assert types.count("session.execution.started") == 1
     assert types.count("session.execution.succeeded") == 1
     assert len(h.requests()) == 4
+    passes = _local(await h.client._handle(sid).fetch_history())
+    assert (passes.count("claim_and_prepare"), passes.count("prepare_drain")) == (1, 1)
 
 
 async def test_a_wake_racing_a_failure_starts_exactly_one_successor(h: Harness) -> None:
@@ -690,6 +697,14 @@ async def test_an_interrupt_while_claiming_ends_the_busy_period_without_a_turn(
     assert h.requests() == []
     assert "session.execution.started" not in await h.types(sid)
     await h.store.claims.release(other)
+
+
+def _wake_pending(h: Harness, sid: str) -> Any:
+    async def pending() -> bool:
+        status = await h.client.status(sid)
+        return status.drain is not None and status.drain.pending_wake
+
+    return pending
 
 
 def _phase(h: Harness, sid: str, phase: str):  # type: ignore[no-untyped-def]

@@ -171,6 +171,108 @@ async def _terminal(h: Harness, sid: str) -> bool:
     return "session.execution.failed" in await h.types(sid)
 
 
+async def test_every_claimed_execution_starts_without_waiting_for_earlier_drains(
+    h: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    """Reference §7.4 #6: five abandoned sessions, one sweep: every recovered drain is running
+    its turn at once (each waits on one gate that opens only when all five have asked), and
+    the sweep itself waits for none of them."""
+    recovered = h.gate_file("recovered")
+    sessions: dict[str, str] = {}
+    for i in range(5):
+        name = f"model_{i}.json"
+        model = h.script(
+            [call("call_1", "gate", gate=h.gate_file("never"))],
+            [{"wait_for_file": recovered}, {"text": "continued"}],
+            name=name,
+        )
+        sid = await h.client.create_session(workspace=str(h.workspace), model=model)
+        sessions[sid] = name
+        await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 5, timeout=30)
+    for sid in sessions:
+        await h.client._handle(sid).terminate("simulated loss of the drain")
+    await h.until(lambda: h.gate.active == 0, timeout=30)
+    for sid in sessions:
+        await expire_claim(h.store, sid)
+    swept = await temporal_env.client.start_workflow(
+        "RecoverySweep",
+        SweepInput(),
+        id=f"sweep-{uuid.uuid4()}",
+        task_queue=h.client.task_queue,
+        result_type=SweepResult,
+    )
+    # All five recovered turns have asked the model while the gate is still shut.
+    await h.until(lambda: all(len(h.requests(n)) == 2 for n in sessions.values()), timeout=60)
+    for sid in sessions:
+        assert (await h.client.status(sid)).busy
+    result = await asyncio.wait_for(swept.result(), 30)
+    assert sorted(result.woken) == sorted(sessions)
+    h.open_gate("recovered")
+    for sid in sessions:
+        await h.client.wait_idle(sid, timeout=30)
+        types = await h.types(sid)
+        assert types.count("session.execution.started") == 2
+        assert types[-1] == "session.execution.succeeded"
+        synthetic = [m.text for m in await h.messages(sid) if m.type == "synthetic"]
+        assert synthetic == [RESTART_TEXT]
+
+
+@pytest.fixture
+async def long_lease(
+    temporal_env: WorkflowEnvironment, open_test_store: StoreFactory, tmp_path: Path
+) -> AsyncIterator[Harness]:
+    """A lease no renewal comes near during a test (one every 200 s): a claim moved back in
+    time and forward again is not renewed in between."""
+    store = await open_test_store(lease_ms=600_000)
+    async with harness(temporal_env.client, store, tmp_path) as running:
+        yield running
+
+
+async def test_the_sweep_leaves_a_session_that_is_draining_untouched(
+    long_lease: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    """Reference §7.4 #10: the sweep leaves a session whose drain runs alone, its claim live
+    or (a late renewal) already expired: no new run, no restart message, no resume counted,
+    and the claim still the running execution's."""
+    h = long_lease
+    sid = await h.session([call("call_1", "gate", gate=h.gate_file("tool"))], [{"text": "done"}])
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    run_id = (await h.client._handle(sid).describe()).run_id
+    held = await h.store.claims.current(sid)
+    assert held is not None and held.phase == "unknown"
+    assert (await sweep(h, temporal_env)).woken == ()
+    await expire_claim(h.store, sid)
+    assert await _expired(h.store, sid)  # a candidate of the sweep
+    result = await sweep(h, temporal_env)
+    assert (result.woken, result.skipped) == ((), (sid,))
+    async with h.store.db.write() as tx:  # the renewal the drain would have made
+        await tx.conn.execute(
+            sa.text(
+                "UPDATE session_execution SET expires_at = expires_at + 3600000"
+                " WHERE session_id = :sid"
+            ),
+            {"sid": sid},
+        )
+    claim = await h.store.claims.current(sid)
+    assert claim is not None
+    assert (claim.execution_id, claim.owner_id, claim.epoch) == (
+        held.execution_id,
+        held.owner_id,
+        held.epoch,
+    )
+    assert await h.store.claims.recoveries(sid) == []
+    assert (await h.client._handle(sid).describe()).run_id == run_id
+    assert h.gate.active == 1 and "session.synthetic" not in await h.types(sid)
+    h.open_gate("tool")
+    await h.client.wait_idle(sid, timeout=30)
+    types = await h.types(sid)
+    assert types.count("session.execution.started") == 1
+    assert types[-1] == "session.execution.succeeded"
+    assert "session.synthetic" not in types and len(h.requests()) == 2
+
+
 # --- worker processes ---------------------------------------------------------------------------
 
 
