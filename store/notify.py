@@ -114,6 +114,9 @@ class Announcer:
                     await self._drop()
                     await self._send(payloads)  # once more, on a fresh connection
                 delay = 0.05
+            except asyncio.CancelledError:
+                self._requeue(pending)  # closing: ``close`` sends them (a ring twice is harmless)
+                raise
             except _SEND_FAILURES as error:
                 log.warning("Could not notify followers, will retry: %s", error)
                 await self._drop()
@@ -145,11 +148,20 @@ class Announcer:
                 await conn.close()
 
     async def close(self) -> None:
+        """Stop, after sending what is still to be told (one bounded try): a process that
+        commits and exits at once (a CLI call admitting a prompt) still rings the followers
+        of other processes, which would otherwise wait for their poll."""
         if self._sender is not None:
             self._sender.cancel()
             with suppress(asyncio.CancelledError, Exception):
                 await self._sender
             self._sender = None
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            try:
+                await self._send([f"{agg} {seq}" for agg, seq in pending.items()])
+            except _SEND_FAILURES as error:
+                log.warning("Could not notify followers before closing: %s", error)
         await self._drop()
 
 

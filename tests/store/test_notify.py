@@ -15,6 +15,7 @@ from sessionflow.errors import ClaimLostError
 from sessionflow.models import events as ev
 from store import Store
 from store.dialect import NOTIFY_CHANNEL
+from store.events import StoredEvent
 from store.notify import Announcer, Doorbell
 from tests.conftest import Target
 from tests.store.conftest import libpq
@@ -241,3 +242,39 @@ def test_product_code_never_uses_asyncio_wait_for() -> None:
         if "asyncio.wait_for(" in line
     ]
     assert found == []
+
+
+async def test_a_store_closed_right_after_its_commit_still_rings_other_processes(
+    own_database: str,
+) -> None:
+    """A process that commits and closes its store at once (a CLI call admitting a prompt)
+    still tells the followers of other processes: a follower polling once an hour gets both
+    events, which only the notifications can bring it, the second's sent by the close."""
+    follower, writer = await Target(own_database).open(), await Target(own_database).open()
+    received: list[int] = []
+    synced = asyncio.Event()
+
+    async def follow(sid: str) -> None:
+        async for item in follower.events.log(sid, follow=True, poll_interval=3600):
+            if not isinstance(item, StoredEvent):
+                synced.set()  # the history (session.created) is delivered
+            elif synced.is_set():
+                received.append(item.seq)
+                if len(received) == 2:
+                    return
+
+    try:
+        sid = (await writer.sessions.create("/work")).id
+        following = asyncio.create_task(follow(sid))
+        await asyncio.wait_for(synced.wait(), 30)
+        listening_since = follower.notifier.reconnects
+        # Two commits in a row: the second's ring waits out the gap after the first's send.
+        seqs = [
+            (await writer.events.publish(ev.Synthetic(session_id=sid, text=t))).seq for t in "ab"
+        ]
+        await writer.close()  # at once: the second's send is still to come
+        await asyncio.wait_for(following, 30)
+    finally:
+        await follower.close()
+    assert received == seqs
+    assert follower.notifier.reconnects == listening_since  # not a reconnection's ring
