@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(PY) bench/mcp.py
 	$(PY) bench/subagents.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/operator.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
+	$(PY) bench/faults.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/hosts.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/governor.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))
 	$(PY) bench/rewind.py --database sqlite $(if $(BENCH_POSTGRES_URL),--database $(BENCH_POSTGRES_URL))

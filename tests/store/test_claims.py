@@ -517,7 +517,7 @@ async def test_a_worker_process_on_a_skewed_clock_is_taken_over_by_the_database_
     claims, renews and stops renewing. B's attempts are refused while the database says A's
     claim is live, whatever A's clock says, and the first one after its expiry by the
     database clock takes over with the next epoch; then A's renewal and write are refused.
-    (How long the takeover took is ``bench/operator.py --skew``'s figure, not this test's.)"""
+    (How long the takeover took is ``bench/faults.py``'s figure, not this test's.)"""
     store = await target.open()
     try:
         sid = await new_session(store)
