@@ -183,6 +183,7 @@ def activities_for(runtime: Runtime, task_queue: str) -> Sequence[Any]:
         session.acquire_claim,
         session.claim_and_prepare,
         session.finish_execution,
+        session.stored_outcome,
         session.prepare_drain,
         session.pending_inputs,
         session.finish_step,

@@ -47,12 +47,15 @@ from sessionflow.models.drain import (
     FinishExecutionInput,
     FinishStepInput,
     FinishStepResult,
+    Outcome,
     PendingInput,
     PendingResult,
     PrepareInput,
     PrepareResult,
     Promotion,
     ReportInput,
+    StoredOutcome,
+    StoredOutcomeInput,
 )
 from sessionflow.models.messages import (
     AssistantMessage,
@@ -176,6 +179,30 @@ class SessionActivities:
                     error=why,
                 )
                 await report(self.store, told)
+
+    @activity.defn
+    async def stored_outcome(self, request: StoredOutcomeInput) -> StoredOutcome:
+        """The busy period's outcome as its terminal event says (None: no terminal of that
+        execution in the log). For a workflow task retried after its first attempt had
+        already written the terminal and released the claim: joiners are told what the log
+        says, not the refusal the retry met."""
+        sid = request.session_id
+        async with translated():
+            for kind in (ev.ExecutionSucceeded, ev.ExecutionFailed, ev.ExecutionInterrupted):
+                stored = await self.store.events.latest_of(sid, kind)
+                data = stored.data if stored is not None else None
+                if data is None or getattr(data, "execution_id", None) != request.execution_id:
+                    continue
+                execution = request.execution_id
+                if isinstance(data, ev.ExecutionFailed):
+                    outcome = Outcome(type="failed", error=data.error, execution_id=execution)
+                elif isinstance(data, ev.ExecutionInterrupted):
+                    reason = data.reason
+                    outcome = Outcome(type="interrupted", reason=reason, execution_id=execution)
+                else:
+                    outcome = Outcome(type="succeeded", execution_id=execution)
+                return StoredOutcome(outcome=outcome)
+        return StoredOutcome()
 
     @activity.defn
     async def claim_and_prepare(self, request: ClaimAndPrepareInput) -> ClaimAndPrepareResult:

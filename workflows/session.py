@@ -77,6 +77,8 @@ with workflow.unsafe.imports_passed_through():
         RevertInput,
         RevertRequest,
         RunningTool,
+        StoredOutcome,
+        StoredOutcomeInput,
         ToolInput,
         ToolOutcome,
         ToolsReady,
@@ -370,6 +372,7 @@ class SessionWorkflow:
         self.busy = True
         self.prepared, self.budget_stop = None, None
         outcome = Outcome(type="succeeded")
+        written = False  # the terminal is in the log already (a retried workflow task)
         try:
             # Claiming runs inside the cancellable task too: the claim may wait a whole lease
             # behind another execution, and an interrupt must not wait with it.
@@ -389,18 +392,23 @@ class SessionWorkflow:
                 outcome = Outcome(type="interrupted", reason=self.interrupt_reason or "user")
             else:
                 outcome = Outcome(type="failed", error=_activity_error(error))
-            if _released(error):
+            if _released(error) and self.claim is not None:
                 # This busy period's own terminal released the claim in a workflow task that
-                # then failed (a signal came as the run completed): its retry took a wake
-                # the first attempt had not seen, on the released claim. The wake's work
-                # waits in the store: a new busy period, with a claim of its own, runs it.
+                # then failed (a signal came as the task completed), and its retry met the
+                # released claim. Joiners are told what the log says; a wake the first
+                # attempt had not seen waits in the store, and a new busy period, with a
+                # claim of its own, runs it.
                 self.pending_wake = True
+                stored = await self._stored_outcome(self.claim)
+                if stored is not None:
+                    outcome, written = stored, True
         self.settling = True
         self.phase = "settling"
         if self.claim is not None:
             outcome = Outcome(**{**outcome.model_dump(), "execution_id": self.claim.execution_id})
             parent, self.parent = self.parent, None  # told once, with the terminal
-            await self._finish_execution(self.claim, outcome, parent)
+            if not written:
+                await self._finish_execution(self.claim, outcome, parent)
         self.outcomes[period] = outcome
         for old in [p for p in self.outcomes if p < period - 20]:
             del self.outcomes[old]
@@ -487,6 +495,15 @@ class SessionWorkflow:
             if not (timed_out or isinstance(error.cause, ActivityTimeoutError)):
                 raise
             raise DrainFailure(_claim_timeout(self.session_id, error, wait)) from None
+
+    async def _stored_outcome(self, claim: ClaimRef) -> Outcome | None:
+        request = StoredOutcomeInput(session_id=claim.session_id, execution_id=claim.execution_id)
+        try:
+            stored = await call("stored_outcome", request, StoredOutcome, "read terminal", SHORT)
+            return stored.outcome
+        except ActivityError as error:
+            workflow.logger.warning("Could not read the busy period's terminal: %s", error)
+            return None
 
     async def _finish_execution(
         self, claim: ClaimRef, outcome: Outcome, parent: ParentCall | None = None

@@ -254,6 +254,17 @@ class PendingInput(Model):
     claim: ClaimRef
 
 
+class StoredOutcomeInput(Model):
+    """A busy period whose terminal an earlier attempt of the same workflow task wrote."""
+
+    session_id: str
+    execution_id: str
+
+
+class StoredOutcome(Model):
+    outcome: Outcome | None = None  # None: no terminal of that execution in the log
+
+
 class PendingResult(Model):
     steer: bool
     queue: bool

@@ -186,3 +186,35 @@ async def test_14_a_wake_during_interruption_cleanup_starts_a_successor_busy_per
 
 async def _terminal_count(h: Harness, sid: str, count: int) -> bool:
     return len(await terminals(h, sid)) == count
+
+
+async def test_a_joiner_is_told_the_logged_terminal_when_the_settling_task_runs_again(
+    temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
+) -> None:
+    """The wake of #14 reaching the server while the interrupted period's settlement still
+    runs, not yet taken: the workflow task that wrote the terminal (and released the claim)
+    is refused, and its retry runs the settlement again, against the released claim. The
+    caller that joined the period is told the terminal the log holds (interrupted, by the
+    user), not that refusal; the log has one terminal per period, and the successor runs."""
+    async with holding(temporal_env, store, tmp_path) as (h, hold):
+        sid = await h.session(
+            [{"text": "partial"}, {"wait_for_file": h.gate_file("never")}],
+            [{"text": "successor"}],
+        )
+        await h.client.prompt(sid, "One", wake=False)
+        await start_with_short_tasks(h, sid)
+        await h.until(lambda: len(h.requests()) == 1)
+        joined = await h.client._start_resume(sid)  # accepted: it joined the running period
+        assert (await h.client.interrupt(sid)).status == "stopped"
+        await asyncio.wait_for(hold.held.wait(), 30)
+        await h.client.prompt(sid, "Two")  # reaches the server while the settlement runs
+        hold.release()  # before the workflow took it: the task that settles is refused
+        outcome = await asyncio.wait_for(joined.result(), 60)
+        assert (outcome.type, outcome.reason, outcome.error) == ("interrupted", "user", None)
+        await h.until(lambda: _terminal_count(h, sid, 2), timeout=30)
+        await h.client.wait_idle(sid, timeout=30)
+        assert await terminals(h, sid) == [
+            ("session.execution.interrupted", "user"),
+            ("session.execution.succeeded", None),
+        ]
+        assert len(h.requests()) == 2
