@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from sessionflow.errors import InvalidDurableEventError, InvalidIdError, PayloadTooLargeError
@@ -186,6 +187,34 @@ async def test_batch_is_atomic_when_one_event_is_invalid(store: Store) -> None:
         await store.events.publish_many(batch)
     assert await count(store, "event") == 1
     assert await store.events.latest_sequence(AGG) == small.seq
+
+
+async def test_a_batch_that_fails_inside_its_transaction_commits_none_of_it(store: Store) -> None:
+    """Catalogue S2, past validation: the 57th event's projection fails inside the batch's
+    transaction, after the batch had written there (its seqs allocated: the projector reads
+    the sequence row moved on by 100). None of the batch commits, the latest seq is
+    unchanged, and the next append takes the next seq: nothing of the failed batch holds a
+    place."""
+    small = await store.events.publish(Probe(session_id=AGG))
+    written: list[int] = []
+
+    async def projector(tx: Tx, event: StoredEvent) -> None:
+        if isinstance(event.data, Keyed) and event.data.text == "boom":
+            query = "SELECT seq FROM event_sequence WHERE aggregate_id = :agg"
+            result = await tx.conn.execute(sa.text(query), {"agg": AGG})
+            written.append(int(result.scalar_one()))
+            raise RuntimeError("the projection failed")
+
+    store.events.project(Keyed, projector)
+    batch = [Keyed(key=AGG, text=str(i)) for i in range(100)]
+    batch[56] = Keyed(key=AGG, text="boom")
+    with pytest.raises(RuntimeError, match="the projection failed"):
+        await store.events.publish_many(batch)
+    assert written == [small.seq + 100]  # allocated in the transaction that then failed
+    assert await count(store, "event") == 1
+    assert await store.events.latest_sequence(AGG) == small.seq
+    after = await store.events.publish(Probe(session_id=AGG))
+    assert after.seq == small.seq + 1
 
 
 async def test_batch_append_is_contiguous(store: Store) -> None:
