@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -675,14 +676,17 @@ async def test_a_held_claim_is_waited_for_by_the_retrying_activity(h: Harness) -
     other = await h.store.claims.acquire(sid, "exec_other", "owner-other", lease_ms=2_000)
     await h.client.prompt(sid, "Go")
     await h.until(_phase(h, sid, "claiming"))
-    await asyncio.sleep(0.3)
     assert h.requests() == []
+    released_ms = int(time.time() * 1000)
     await h.store.claims.release(other)
     await h.client.wait_idle(sid, timeout=30)
     history = await h.client._handle(sid).fetch_history()
     assert _scheduled(history)[0] == "acquire_claim"
-    types = await h.types(sid)
-    assert types[-1] == "session.execution.succeeded" and len(h.requests()) == 1
+    events = await h.events(sid)
+    assert events[-1].type == "session.execution.succeeded" and len(h.requests()) == 1
+    # Nothing of the busy period began before the release: it waited for the claim.
+    (started,) = [e for e in events if e.type == "session.execution.started"]
+    assert started.created >= released_ms
 
 
 async def test_an_interrupt_while_claiming_ends_the_busy_period_without_a_turn(
