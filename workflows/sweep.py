@@ -25,6 +25,7 @@ class RecoverySweep:
                 request,
                 result_type=SweepResult,
                 start_to_close_timeout=timedelta(minutes=2),
+                schedule_to_close_timeout=timedelta(minutes=10),  # three attempts (C7)
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"wake up to {request.limit} abandoned sessions",

@@ -12,8 +12,9 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from sessionflow.models.drain import DrainInput
+    from sessionflow.models.drain import DrainInput, SweepInput, SweepResult
     from workflows.session import SessionWorkflow
+    from workflows.sweep import RecoverySweep
 
 
 @workflow.defn(name="SessionWorkflow")
@@ -29,3 +30,13 @@ class ReorderedSessionWorkflow(SessionWorkflow):
             "pending_inputs", None, start_to_close_timeout=timedelta(seconds=5)
         )
         return await super()._acquire(period, force)
+
+
+@workflow.defn(name="RecoverySweep")
+class ReorderedRecoverySweep(RecoverySweep):
+    """Waits before its first round, which changes the order of commands."""
+
+    @workflow.run
+    async def run(self, request: SweepInput) -> SweepResult:
+        await workflow.sleep(timedelta(milliseconds=1))
+        return await super().run(request)

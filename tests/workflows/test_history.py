@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,18 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
+from sessionflow.models.drain import SweepInput, SweepResult
 from store import Store
 from tests.conftest import start_dev_server
 from tests.workflows.harness import Harness, call, harness
-from tests.workflows.reordered import ReorderedSessionWorkflow
+from tests.workflows.reordered import ReorderedRecoverySweep, ReorderedSessionWorkflow
 from tests.workflows.tools import registry
 from worker import build_worker
 from workflows.session import SessionWorkflow
+from workflows.sweep import RecoverySweep
 
 HISTORIES = Path(__file__).parent / "histories"
+SWEEP_HISTORIES = HISTORIES / "sweep"
 MAX_PAYLOAD_BYTES = 4096
 
 
@@ -169,6 +173,51 @@ async def test_a_history_with_a_lost_turn_restarted_replays(
         await _replayed_and_recorded(h, sid, "lost-turn")
 
 
+async def test_a_history_of_the_recovery_sweep_replays(
+    h: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    """Catalogue C10: the recovery sweep's own workflow, two rounds (a timer between them),
+    waking a session whose drain was terminated mid-tool and whose claim expired."""
+    from tests.store.helpers import expire_claim
+
+    sid = await h.session([call("g1", "gate", gate=h.gate_file("never"))], [{"text": "x"}])
+    await h.client.prompt(sid, "Go")
+    await h.until(lambda: h.gate.active == 1)
+    await h.client._handle(sid).terminate("recorded: the drain is lost")
+    await h.until(lambda: h.gate.active == 0)
+    await expire_claim(h.store, sid)
+    handle = await temporal_env.client.start_workflow(
+        "RecoverySweep",
+        SweepInput(rounds=2, every_s=0.1),
+        id=f"sweep-{uuid.uuid4()}",
+        task_queue=h.client.task_queue,
+        result_type=SweepResult,
+    )
+    assert sid in (await handle.result()).woken
+    await h.client.wait_idle(sid, timeout=60)
+    history = await handle.fetch_history()
+    await replayer(RecoverySweep).replay_workflow(history)
+    if os.environ.get("SESSIONFLOW_RECORD_HISTORIES"):
+        (SWEEP_HISTORIES / "sweep.json").write_text(json.dumps(history.to_json_dict()))
+
+
+def stored_sweep_histories() -> list[Path]:
+    return sorted(SWEEP_HISTORIES.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", stored_sweep_histories(), ids=lambda p: p.stem)
+async def test_recorded_sweep_histories_replay_and_a_reordered_sweep_fails(path: Path) -> None:
+    """Catalogue C10: the recovery sweep's recorded histories replay with the current
+    workflow, and fail with a reordered one (the negative control)."""
+    history = WorkflowHistory.from_json("sweep-recorded", json.loads(path.read_text()))
+    await replayer(RecoverySweep).replay_workflow(history)
+    result = await replayer(ReorderedRecoverySweep).replay_workflow(
+        history, raise_on_replay_failure=False
+    )
+    assert result.replay_failure is not None
+    assert "nondetermin" in str(result.replay_failure).lower()
+
+
 def _payload_sizes(node: Any) -> list[int]:
     """Sizes of every payload's data (base64 in the JSON form) anywhere in an event."""
     if isinstance(node, dict):
@@ -205,6 +254,7 @@ async def test_a_reordered_workflow_fails_replay(path: Path) -> None:
 def test_histories_are_recorded() -> None:
     """Catalogue C10: replay and nondeterminism."""
     assert stored_histories(), "record with SESSIONFLOW_RECORD_HISTORIES=1"
+    assert stored_sweep_histories(), "record with SESSIONFLOW_RECORD_HISTORIES=1"
 
 
 # --- continue-as-new ----------------------------------------------------------------------------
