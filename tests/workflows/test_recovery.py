@@ -24,10 +24,12 @@ from sessionflow.models import events as ev
 from sessionflow.models.drain import SweepInput, SweepResult
 from store import Store
 from store.claims import Claim
+from store.events import StoredEvent
 from tests.conftest import StoreFactory, Target
 from tests.store.helpers import expire_claim
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.workers import WorkerProcess
+from workflows.options import TOOL
 
 
 async def sweep(h: Harness, env: WorkflowEnvironment) -> SweepResult:
@@ -574,3 +576,169 @@ async def test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_the_nex
     assert events[-1].data["error"]["type"] == "tool.outcome-unknown"
     assert (await h.types(sid))[-1] == "session.execution.succeeded"
     assert len(h.requests()) == 2
+
+
+# --- two real writers ---------------------------------------------------------------------------
+
+
+class Link:
+    """A TCP link from a worker process to the Temporal server that the test can hold: held,
+    nothing crosses it either way. A worker resumed behind it meets the database before
+    Temporal can tell it that its activity is gone (a heartbeat answered "not found" cancels
+    the activity, and a cancelled one may stop before it writes)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.host, port = upstream.rsplit(":", 1)
+        self.port = int(port)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.pumps: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Link:
+        self.server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        for pump in self.pumps:
+            pump.cancel()
+        await asyncio.gather(*self.pumps, return_exceptions=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            pump = asyncio.create_task(self._pump(source, sink))
+            self.pumps.add(pump)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                await self.flowing.wait()
+                sink.write(data)
+                await sink.drain()
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+
+def _refusals(log: str) -> list[str]:
+    """The activity failures a worker process logged (its stderr): the first line of each, and
+    the errors of its traceback."""
+    text = Path(log).read_text() if Path(log).exists() else ""
+    found = []
+    for block in text.split("Completing activity as failed")[1:]:
+        lines = block.splitlines()
+        errors = [line for line in lines if line.split(":", 1)[0].endswith("Error")]
+        found.append("\n".join([lines[0], *errors]))
+    return found
+
+
+async def _stored(h: Harness, sid: str) -> list[StoredEvent]:
+    return [e async for e in h.store.events.log(sid) if isinstance(e, StoredEvent)]
+
+
+@pytest.mark.fault
+async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_that_took_over(
+    temporal_env: WorkflowEnvironment,
+    open_test_store: StoreFactory,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """Catalogue F2 and F9 with two real writers. The session's tools run on host ``a``, whose
+    only worker is process A (one activity slot: while its tool runs it has no poll open, so
+    a stopped A swallows no task); B, the in-process worker, runs the workflow and the turns
+    (lease 1.5 s). A runs the ``gate`` tool, writes its progress and is SIGSTOPped until its
+    claim lapses by the database clock; the drain's run is terminated (as the tool's
+    heartbeat timeout would end it, seconds later); the sweep's drain on B takes over
+    (epoch + 1) and starts its turn. A resumes mid-turn, within the heartbeat timeout (later,
+    its own worker would cancel the timed-out call before it wrote anything) and with its
+    link to Temporal held (else Temporal's "no such activity" could cancel it first): its
+    tool returns and its settlement is refused, once, non-retryably (``ClaimLostError``,
+    "taken over by" B's execution). B's turn then ends; no event after the pause is the
+    stale execution's."""
+    store = await open_test_store(lease_ms=1500)
+    log = str(tmp_path / "a.log")
+    async with (
+        harness(temporal_env.client, store, tmp_path) as h,
+        Link(temporal_env.client.service_client.config.target_host) as link,
+    ):
+        a = WorkerProcess(
+            temporal_env,
+            target,
+            h.client.task_queue,
+            address=link.address,
+            log=log,
+            SESSIONFLOW_HOST="a",
+            SESSIONFLOW_SERVE="tools",
+            SESSIONFLOW_LEASE_MS="1500",
+            SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES="1",
+        )
+        workers.append(a)
+        await a.ready()
+        sid = await h.session(
+            [call("g1", "gate", text="from a", gate=h.gate_file("a"), progress="waiting on a")],
+            [{"wait_for_file": h.gate_file("b")}, {"text": "answered on b"}],
+            host="a",
+        )
+        await h.client.prompt(sid, "Go")
+        stale_run = (await h.client._handle(sid).describe()).run_id
+        await h.until(lambda: _has(h, sid, "session.tool.progress"), timeout=30)
+        async with _outside_a_write(target):
+            a.signal(signal.SIGSTOP)
+        paused = asyncio.get_running_loop().time()
+        paused_at = await h.store.events.latest_sequence(sid)
+        await h.until(lambda: _expired_any(h.store, sid))
+        # What the tool's heartbeat timeout does 5 s after the pause: the drain's run ends.
+        await h.client._handle(sid).terminate("its tool's worker stopped answering")
+        assert (await sweep(h, temporal_env)).woken == (sid,)
+        await h.until(lambda: len(h.requests()) == 2)  # B's turn streams, held at its gate
+        # A resumes within its tool's heartbeat timeout: its worker still runs the call.
+        assert TOOL.heartbeat is not None
+        assert asyncio.get_running_loop().time() - paused < TOOL.heartbeat.total_seconds()
+        taken = await h.store.claims.current(sid)
+        assert taken is not None and _refusals(log) == []
+        link.flowing.clear()
+        h.open_gate("a")
+        a.signal(signal.SIGCONT)
+        await h.until(lambda: _refusals(log))
+        link.flowing.set()
+        h.open_gate("b")
+        await h.client.wait_idle(sid, timeout=30)
+        a.stop()
+        events = await _stored(h, sid)
+    # A wrote before the pause: its progress, under the stale execution.
+    (stale,) = [e for e in events if isinstance(e.data, ev.ToolProgress)]
+    assert isinstance(stale.data, ev.ToolProgress) and stale.epoch is not None
+    assert stale.data.host == "a" and stale.seq <= paused_at
+    assert stale.execution_id != taken.execution_id and taken.epoch == stale.epoch + 1
+    late = [e for e in events if e.seq > paused_at]
+    assert {(e.execution_id, e.epoch) for e in late} == {(taken.execution_id, taken.epoch)}
+    kinds = [e.data.type for e in late if not e.data.type.endswith(".delta")]
+    assert kinds[0] == "session.execution.started"
+    *_, turn = [i for i, kind in enumerate(kinds) if kind == "session.step.started"]
+    assert kinds[turn:] == [
+        "session.step.started",
+        "session.text.started",
+        "session.text.ended",
+        "session.step.ended",
+        "session.execution.succeeded",
+    ]
+    *_, answer = [m for m in await h.messages(sid) if m.type == "assistant"]
+    assert answer.time_completed is not None and answer.finish == "stop"
+    assert "".join(getattr(part, "text", "") for part in answer.content) == "answered on b"
+    (refusal,) = _refusals(log)  # A's one attempt, failed once
+    assert "'activity_type': 'run_tool', 'attempt': 1" in refusal and stale_run in refusal
+    assert (
+        f"ClaimLostError: Claim on session {sid} lost by execution {stale.execution_id}: "
+        f"taken over by execution {taken.execution_id}" in refusal
+    ), refusal
+
+
+async def _has(h: Harness, sid: str, kind: str) -> bool:
+    return any(e.data.type == kind for e in await _stored(h, sid))

@@ -61,6 +61,7 @@ async def main(address: str, task_queue: str, url: str, schema: str | None) -> N
         sandboxed=True,
         graceful_shutdown=grace,
         turn_timeout_s=settings.turn_timeout_s,
+        max_concurrent_activities=settings.max_concurrent_activities,
         mcp=mcp_from_env(settings),
         agents=load_agents(settings.agents_file),
         max_depth=settings.max_depth,

@@ -15,7 +15,9 @@ from tests.conftest import Target
 
 class WorkerProcess:
     """``own_group``: the worker leads a process group of its own (as under a service manager),
-    so that ``signal_group`` can kill the whole group without hitting the test."""
+    so that ``signal_group`` can kill the whole group without hitting the test. ``address``:
+    the Temporal server's, if not the test environment's (a link the test can hold);
+    ``log``: a file for the worker's stderr (its warnings), instead of the test's."""
 
     def __init__(
         self,
@@ -24,9 +26,12 @@ class WorkerProcess:
         task_queue: str,
         *,
         own_group: bool = False,
+        address: str | None = None,
+        log: str | None = None,
         **env_vars: str,
     ):
-        address = env.client.service_client.config.target_host
+        address = address or env.client.service_client.config.target_host
+        stderr = open(log, "wb") if log is not None else None  # noqa: SIM115 -- closed below
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -38,10 +43,13 @@ class WorkerProcess:
                 target.schema or "-",
             ],
             stdout=subprocess.PIPE,
+            stderr=stderr,
             env={**os.environ, **env_vars},
             cwd=Path(__file__).parents[2],
             start_new_session=own_group,
         )
+        if stderr is not None:
+            stderr.close()  # the worker holds its own descriptor
         self.own_group = own_group
 
     async def ready(self) -> None:
