@@ -69,6 +69,8 @@ def sqlite_pragmas(busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> tuple[str, 
         "PRAGMA synchronous=FULL",
         f"PRAGMA journal_size_limit={SQLITE_WAL_LIMIT_BYTES}",
     )
+
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x5E55_F10
 # A migration may wait for another process's and run DDL for longer than the lease bounds
