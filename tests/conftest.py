@@ -28,6 +28,7 @@ from sessionflow.client import SESSION_ID_ATTRIBUTE
 from sessionflow.devstack import dev_server_args
 from sessionflow.settings import Settings
 from store import Store, open_store
+from tests.invariants import check_store
 from tests.pgcluster import Cluster, ClusterError
 
 POSTGRES_URL = os.environ.get("SESSIONFLOW_TEST_POSTGRES_URL")
@@ -168,9 +169,33 @@ def cluster_database(pg_cluster: Cluster) -> str:
 StoreFactory = Callable[..., Awaitable[Store]]
 
 
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Iterator[pytest.TestReport]:
+    """Keeps each test's call report, for teardowns that must not hide its failure."""
+    report: pytest.TestReport = yield
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+    return report
+
+
 @pytest.fixture
-async def open_test_store(target: Target) -> AsyncIterator[StoreFactory]:
-    """Open stores on the test's target (several may share it); all are closed afterwards."""
+def checks_invariants() -> bool:
+    """Whether the stores ``open_test_store`` opened are checked against the log invariants
+    (``tests/invariants.py``) after the test. Not here: the drain harness checks its own
+    (``tests/workflows/harness.py``); the store and activity suites' conftests say yes."""
+    return False
+
+
+@pytest.fixture
+async def open_test_store(
+    request: pytest.FixtureRequest, target: Target, checks_invariants: bool
+) -> AsyncIterator[StoreFactory]:
+    """Open stores on the test's target (several may share it); all are closed afterwards,
+    after the invariant check where ``checks_invariants`` (minus the invariants of the test's
+    ``breaks_invariants`` marker)."""
     opened: list[Store] = []
 
     async def factory(**settings: object) -> Store:
@@ -179,8 +204,16 @@ async def open_test_store(target: Target) -> AsyncIterator[StoreFactory]:
         return store
 
     yield factory
-    for store in opened:
-        await store.close()
+    try:
+        report = request.node.stash.get(_CALL_REPORT, None)
+        passed = report is not None and report.passed
+        unreadable = request.node.get_closest_marker("unchecked_log") is not None
+        if checks_invariants and opened and passed and not unreadable:
+            marker = request.node.get_closest_marker("breaks_invariants")
+            await check_store(opened[0], allowed=marker.args if marker else ())
+    finally:
+        for store in opened:
+            await store.close()
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ UNSTAMPED = {
     "session.context.deleted",
 }
 # A fork's log up to its first busy period: written under its source's claim, not its own.
-FORK_LOG = {"session.message.copied", "session.files.changed"}
+FORK_LOG = {"session.message.copied", "session.part.copied", "session.files.changed"}
 
 
 async def final_log(store: Store, session_id: str) -> list[StoredEvent]:
@@ -97,7 +97,7 @@ async def _rebuilt(store: Store, logs: dict[str, list[StoredEvent]]) -> list[str
         try:
             problems = []
             for session_id, log in logs.items():
-                await copy.events.replay_all([_serialized(e) for e in log])
+                await copy.events.replay_all([serialized(e) for e in log])
                 if await copy.sessions.messages(session_id) != await store.sessions.messages(
                     session_id
                 ):
@@ -107,7 +107,8 @@ async def _rebuilt(store: Store, logs: dict[str, list[StoredEvent]]) -> list[str
             await copy.close()
 
 
-def _serialized(event: StoredEvent) -> SerializedEvent:
+def serialized(event: StoredEvent) -> SerializedEvent:
+    """A stored event as replay takes it."""
     return SerializedEvent(
         id=event.id,
         type=event.type,

@@ -1,9 +1,10 @@
-"""Helpers for tests that do to PostgreSQL what must never reach anyone else's tests (each on
-its own database, the ``own_database`` fixture)."""
+"""Store test fixtures, and helpers for tests that do to PostgreSQL what must never reach anyone
+else's tests (each on its own database, the ``own_database`` fixture)."""
 
 from __future__ import annotations
 
 import psycopg
+import pytest
 from sqlalchemy.engine import make_url
 
 
@@ -36,3 +37,9 @@ def allow_connections(admin_url: str, database: str) -> None:
     """``database`` comes back up after ``refuse_connections``."""
     with psycopg.connect(libpq(admin_url), autocommit=True) as conn:
         conn.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+
+
+@pytest.fixture
+def checks_invariants() -> bool:
+    """Every store a test leaves keeps the log invariants (``tests/conftest.py``)."""
+    return True

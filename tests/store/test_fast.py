@@ -119,6 +119,7 @@ async def _until_blocked_by(admin_url: str, database: str, pid: int, n: int) -> 
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.unchecked_log  # a raw row no event model reads: the log cannot be read back
 async def test_a_seq_taken_behind_the_allocator_is_a_typed_conflict(store: Store) -> None:
     """Catalogue S1 on the hot path: the unique violation is mapped, nothing is partial."""
     ((sid, claim),) = await claimed(store)
@@ -145,6 +146,7 @@ INTRUDER = (  # a writer that bypasses the sequence row: its event is evt_in_<se
 )
 
 
+@pytest.mark.unchecked_log  # a raw row no event model reads: the log cannot be read back
 async def test_a_bypassing_writer_and_a_claimed_append_racing_for_one_seq_leave_one_winner(
     store: Store, target: Target
 ) -> None:

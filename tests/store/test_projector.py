@@ -78,6 +78,7 @@ async def event_types(store: Store, sid: str) -> list[str]:
 # --- steps --------------------------------------------------------------------------------------
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_step_started_appends_an_assistant_message(store: Store) -> None:
     sid = await new_session(store)
     mid = message_id()
@@ -96,6 +97,7 @@ async def test_step_started_appends_an_assistant_message(store: Store) -> None:
     assert (message.finish, message.error, message.retry, message.tokens) == (None,) * 4
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_new_step_completes_the_previous_incomplete_assistant(store: Store) -> None:
     sid = await new_session(store)
     first = await start_step(store, sid, created=1_000)
@@ -105,6 +107,7 @@ async def test_new_step_completes_the_previous_incomplete_assistant(store: Store
     assert [m.id for m in await store.sessions.messages(sid)] == [first, second]
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_a_new_step_reads_the_messages_once(store: Store) -> None:
     """Issue 14 item 3: whether the step's message exists and which assistant message came
     last are one read (``_STEP_OPENING``): on PostgreSQL the start of a step after a finished
@@ -121,6 +124,7 @@ async def test_a_new_step_reads_the_messages_once(store: Store) -> None:
     assert (await assistant(store, sid, second)).time_completed is None
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_steps_started_in_one_transaction_see_each_other(store: Store) -> None:
     """The second start's read comes after the first's writes (a write-back first): the first
     message, started in the same transaction, is the one the second supersedes."""
@@ -136,6 +140,7 @@ async def test_steps_started_in_one_transaction_see_each_other(store: Store) -> 
     assert (await assistant(store, sid, second)).time_completed is None
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_new_step_keeps_the_completion_time_of_a_finished_assistant(store: Store) -> None:
     sid = await new_session(store)
     first = await start_step(store, sid, created=1_000)
@@ -148,6 +153,7 @@ async def test_new_step_keeps_the_completion_time_of_a_finished_assistant(store:
     assert (await assistant(store, sid, first)).time_completed == 1_500
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_step_started_again_for_the_same_id_resets_the_attempt(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid, created=1_000)
@@ -174,6 +180,7 @@ async def test_step_started_again_for_the_same_id_resets_the_attempt(store: Stor
     assert after.time_created == 1_000
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_step_ended_settles_the_assistant(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -198,6 +205,7 @@ async def test_step_ended_settles_the_assistant(store: Store) -> None:
     assert message.error is None
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_step_usage_accumulates_on_the_session(store: Store) -> None:
     sid = await new_session(store)
     fresh = await store.sessions.get(sid)
@@ -231,6 +239,7 @@ async def test_step_usage_accumulates_on_the_session(store: Store) -> None:
     )
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_step_failed_marks_the_assistant_failed_and_clears_retry(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -260,6 +269,7 @@ async def test_step_failed_marks_the_assistant_failed_and_clears_retry(store: St
     assert (info.tokens.input, info.tokens.output) == (7, 1)
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_step_failed_without_usage_leaves_the_session_totals(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -269,6 +279,7 @@ async def test_step_failed_without_usage_leaves_the_session_totals(store: Store)
     assert (await assistant(store, sid, mid)).finish == "error"
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_retry_scheduled_records_the_retry(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -290,6 +301,7 @@ async def test_retry_scheduled_records_the_retry(store: Store) -> None:
     ],
     ids=["succeeded", "failed", "interrupted"],
 )
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_execution_terminal_events_clear_the_retry(store: Store, terminal: Any) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -304,6 +316,7 @@ async def test_execution_terminal_events_clear_the_retry(store: Store, terminal:
 # --- text and reasoning -------------------------------------------------------------------------
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_text_started_and_ended_project_the_full_text(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -322,6 +335,7 @@ async def test_text_started_and_ended_project_the_full_text(store: Store) -> Non
     ]
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_partial_text_of_a_failed_step_is_kept(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -335,6 +349,7 @@ async def test_partial_text_of_a_failed_step_is_kept(store: Store) -> None:
     assert message.finish == "error"
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_reasoning_keeps_provider_state_and_times(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -368,6 +383,7 @@ async def test_reasoning_keeps_provider_state_and_times(store: Store) -> None:
     assert part.time_completed == ended.created
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_reasoning_ended_without_state_keeps_the_started_state(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -387,6 +403,7 @@ async def test_reasoning_ended_without_state_keeps_the_started_state(store: Stor
     assert part.time_completed is not None
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_deltas_are_logged_but_not_projected(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -416,6 +433,7 @@ async def test_deltas_are_logged_but_not_projected(store: Store) -> None:
     assert [stored.data for stored in logged] == deltas
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_a_delta_for_an_unknown_assistant_is_still_logged(store: Store) -> None:
     sid = await new_session(store)
     delta = ev.TextDelta(session_id=sid, assistant_message_id="msg_nowhere", ordinal=0, delta="x")
@@ -427,6 +445,7 @@ async def test_a_delta_for_an_unknown_assistant_is_still_logged(store: Store) ->
 # --- tools --------------------------------------------------------------------------------------
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_tool_moves_from_pending_through_running_to_completed(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -513,6 +532,7 @@ async def test_tool_moves_from_pending_through_running_to_completed(store: Store
     assert len((await assistant(store, sid, mid)).content) == 1
 
 
+@pytest.mark.breaks_invariants("I4", "I5", "I6")
 async def test_tool_called_without_input_events_creates_a_running_part(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -528,6 +548,7 @@ async def test_tool_called_without_input_events_creates_a_running_part(store: St
     assert part.time.ran is not None
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_tool_failed_while_running_keeps_input_and_progress(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -570,6 +591,7 @@ async def test_tool_failed_while_running_keeps_input_and_progress(store: Store) 
     assert part.time.completed == failed.created
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_tool_failed_while_pending_replaces_the_raw_input(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -590,6 +612,7 @@ async def test_tool_failed_while_pending_replaces_the_raw_input(store: Store) ->
     assert part.time.completed is not None
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_tool_success_applies_only_to_a_running_tool(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -611,6 +634,7 @@ async def test_tool_success_applies_only_to_a_running_tool(store: Store) -> None
     assert part.time.completed is None
 
 
+@pytest.mark.breaks_invariants("I3", "I4", "I5", "I6")
 async def test_settled_tools_are_never_overwritten(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -674,6 +698,7 @@ async def test_settled_tools_are_never_overwritten(store: Store) -> None:
     assert bad.state == ToolError(error=BOOM)
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_a_reused_call_id_settles_against_its_own_message(store: Store) -> None:
     """Catalogue P3: a call id reused across turns."""
     sid = await new_session(store)
@@ -724,6 +749,7 @@ async def test_a_reused_call_id_settles_against_its_own_message(store: Store) ->
     assert len((await assistant(store, sid, second)).content) == 1
 
 
+@pytest.mark.breaks_invariants("I3", "I4", "I5", "I6")
 async def test_a_call_id_restarted_after_settlement_updates_the_latest_part(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -751,6 +777,7 @@ async def test_a_call_id_restarted_after_settlement_updates_the_latest_part(stor
     assert second.state == ToolCompleted(input={"n": 2})
 
 
+@pytest.mark.breaks_invariants("I4", "I5", "I6")
 async def test_tool_part_reads_the_latest_part_of_a_call_alone(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -779,6 +806,7 @@ async def test_tool_part_reads_the_latest_part_of_a_call_alone(store: Store) -> 
     assert await store.sessions.tool_part(sid, receipt.id, "c") is None
 
 
+@pytest.mark.breaks_invariants("I4", "I5", "I6")
 async def test_tool_call_reads_the_session_and_the_part_in_one(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -799,6 +827,7 @@ async def test_tool_call_reads_the_session_and_the_part_in_one(store: Store) -> 
 # --- synthetic ----------------------------------------------------------------------------------
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_synthetic_message_id_is_derived_from_the_event_id(store: Store) -> None:
     sid = await new_session(store)
     stored = await publish(
@@ -823,6 +852,7 @@ async def test_synthetic_message_id_is_derived_from_the_event_id(store: Store) -
     )
 
 
+@pytest.mark.breaks_invariants("I4")
 async def test_generated_synthetic_ids_follow_their_events(store: Store) -> None:
     sid = await new_session(store)
     one = await publish(store, ev.Synthetic(session_id=sid, text="one"))
@@ -851,6 +881,7 @@ async def test_a_tool_event_for_an_unknown_assistant_rolls_back_the_publish(stor
     assert await store.sessions.messages(sid) == []
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_settling_an_unknown_call_rolls_back_the_publish(store: Store) -> None:
     sid = await new_session(store)
     mid = await start_step(store, sid)
@@ -881,6 +912,7 @@ async def test_a_failing_projector_rolls_back_the_whole_batch(store: Store) -> N
     assert (await store.sessions.get(sid)).cost == 0.0
 
 
+@pytest.mark.breaks_invariants("I4", "I5")
 async def test_a_message_id_collision_rolls_back_the_publish(store: Store) -> None:
     sid = await new_session(store)
     await start_step(store, sid, "msg_collide")

@@ -111,6 +111,7 @@ async def test_list_breaks_time_ties_by_id_newest_first(store: Store) -> None:
     assert await listed(store) == ["ses_c", "ses_b", "ses_a"]
 
 
+@pytest.mark.breaks_invariants("I4")  # the rename is published unclaimed
 async def test_an_update_moves_a_session_to_the_top(store: Store) -> None:
     first = await make(store, 1_000)
     second = await make(store, 2_000)

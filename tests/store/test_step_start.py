@@ -99,6 +99,7 @@ async def test_a_log_that_moved_since_the_opening_takes_the_general_path(store: 
     assert message["seq"] == 2
 
 
+@pytest.mark.breaks_invariants("I4")  # the incomplete step starts unclaimed
 async def test_a_step_that_supersedes_an_incomplete_one_takes_the_general_path(
     store: Store,
 ) -> None:

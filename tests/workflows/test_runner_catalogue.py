@@ -23,7 +23,8 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef, SessionError
 from sessionflow.models.messages import AssistantMessage, ReasoningPart, TextPart
 from store import open_store
-from store.events import SerializedEvent, StoredEvent, Synced
+from store.events import StoredEvent, Synced
+from tests.invariants import serialized
 from tests.workflows.harness import Harness, call
 from tests.workflows.tools import Gate, registry
 
@@ -96,17 +97,7 @@ async def run(h: Harness, sid: str, text: str = "Go") -> None:
 async def replayed(h: Harness, sid: str) -> list[Any]:
     """The history rebuilt by replaying the durable log into a fresh store."""
     page = await h.store.events.read_after(sid, -1, limit=100_000)
-    log = [
-        SerializedEvent(
-            id=e.id,
-            type=e.type,
-            seq=e.seq,
-            aggregate_id=e.aggregate_id,
-            data=e.data.model_dump(mode="json"),
-            created=e.created,
-        )
-        for e in page.events
-    ]
+    log = [serialized(e) for e in page.events]
     copy = await open_store(f"sqlite+aiosqlite:///{h.root / f'replay-{uuid.uuid4().hex}.db'}")
     try:
         await copy.events.replay_all(log)
