@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
@@ -54,6 +54,33 @@ async def until_waiting_for(store: Store, pid: int) -> None:
             if (await conn.execute(query, {"pid": pid})).scalar_one() > 0:
                 return
         await asyncio.sleep(0.01)
+
+
+async def writer_begun(store: Store) -> asyncio.Event:
+    """SQLite: set once ``store``'s pooled writer (the connection a write falls back to when
+    another process holds the lock) begins a ``BEGIN IMMEDIATE`` (see ``tracer``)."""
+    async with store.db.write_engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        begun, trace = tracer("BEGIN IMMEDIATE")
+        await driver.set_trace_callback(trace)  # in the connection's own thread
+        return begun
+
+
+def tracer(statement: str) -> tuple[asyncio.Event, Callable[[str], None]]:
+    """SQLite: a trace callback for a connection (``set_trace_callback``, from any thread)
+    and an event of the running loop it sets once the connection begins running
+    ``statement``. SQLite's trace hook fires as a statement starts, before it takes any
+    lock: a latched ``BEGIN IMMEDIATE`` waits for the write lock from then on, until it
+    gets it."""
+    loop = asyncio.get_running_loop()
+    begun = asyncio.Event()
+
+    def trace(sql: str) -> None:
+        if sql.strip().upper() == statement:
+            loop.call_soon_threadsafe(begun.set)
+
+    return begun, trace
 
 
 async def backend_pid(tx: Any) -> int:

@@ -22,7 +22,14 @@ from store import Store
 from store.claims import Claim
 from store.dialect import now_ms
 from tests.conftest import StoreFactory, Target
-from tests.store.helpers import backend_pid, count, expire_claim, rows, until_waiting_for
+from tests.store.helpers import (
+    backend_pid,
+    count,
+    expire_claim,
+    rows,
+    until_waiting_for,
+    writer_begun,
+)
 from tests.store.procs import context as procs_context
 from tests.store.procs import skewed_claimant, spawn
 
@@ -641,11 +648,12 @@ async def test_a_delayed_write_past_its_real_expiry_is_never_committed_after_the
     writer = asyncio.create_task(delayed_writer())
     await entered.wait()
     await until_expired(other, sid, opened["expires_at"])  # expired, A's write still open
+    begun = await writer_begun(other) if store.db.dialect == "sqlite" else None
     taker = asyncio.create_task(other.claims.acquire(sid, "exec_b", "owner-b"))
-    if store.db.dialect == "postgresql":
+    if begun is None:
         await until_waiting_for(other, opened["pid"])  # B waits for A's claim row lock
     else:
-        await asyncio.sleep(0.2)  # B most likely waits for the write lock (either way holds)
+        await begun.wait()  # B's BEGIN IMMEDIATE runs: it waits for A's write lock
     assert not writer.done()
     release.set()
     await writer  # A's commit: it passed its fence while the claim was live

@@ -19,10 +19,10 @@ from sessionflow.errors import SequenceConflictError, StoreUnavailableError
 from sessionflow.models import events as ev
 from store import Store
 from store.claims import Claim
-from store.write.fast import PostgresWriter
+from store.write.fast import PostgresWriter, SqliteWriter
 from tests.conftest import Target
 from tests.store.conftest import libpq, terminate_backends
-from tests.store.helpers import backend_pid, count, rows, until_waiting_for
+from tests.store.helpers import backend_pid, count, rows, tracer, until_waiting_for
 
 APPENDERS = 8  # more than the PostgreSQL writer holds connections
 AFTER_KILL = 5  # batches each surviving appender streams after the kill
@@ -262,11 +262,21 @@ async def test_a_bypassing_writer_and_a_claimed_write_in_flight_together_leave_o
 
 
 async def test_a_cancelled_sqlite_append_waiting_for_another_process_is_never_unannounced(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """S11: The writer-thread fallback: a cancelled append either does not commit, or commits and
     is announced before the cancellation completes; it never commits later."""
     path = tmp_path / "cancel.db"
+    begun, trace = tracer("BEGIN IMMEDIATE")
+    connect = SqliteWriter._connect
+
+    def traced(writer: SqliteWriter, busy_timeout_ms: int) -> sqlite3.Connection:
+        conn = connect(writer, busy_timeout_ms)
+        if busy_timeout_ms:  # the writer thread's connection, which waits for the lock
+            conn.set_trace_callback(trace)
+        return conn
+
+    monkeypatch.setattr(SqliteWriter, "_connect", traced)
     store = await Target(f"sqlite+aiosqlite:///{path}").open()
     try:
         ((sid, claim),) = await claimed(store)
@@ -275,7 +285,7 @@ async def test_a_cancelled_sqlite_append_waiting_for_another_process_is_never_un
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         task = asyncio.create_task(store.append(claim, deltas(sid, 3, "cancelled")))
-        await asyncio.sleep(0.2)  # it went to the writer thread, which waits for the lock
+        await begun.wait()  # it went to the writer thread, which waits for the lock
         assert not task.done()
         task.cancel()
         await asyncio.sleep(0)
