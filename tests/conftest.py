@@ -28,7 +28,7 @@ from sessionflow.client import SESSION_ID_ATTRIBUTE
 from sessionflow.devstack import dev_server_args
 from sessionflow.settings import Settings
 from store import Store, open_store
-from tests.invariants import check_store
+from tests.invariants import UNSETTLED, check_store
 from tests.pgcluster import Cluster, ClusterError
 
 POSTGRES_URL = os.environ.get("SESSIONFLOW_TEST_POSTGRES_URL")
@@ -181,6 +181,15 @@ def pytest_runtest_makereport(item: pytest.Item) -> Iterator[pytest.TestReport]:
     return report
 
 
+def allowed_breaks(node: pytest.Item) -> tuple[str, ...]:
+    """What the test's markers let its sessions break: the invariants its
+    ``breaks_invariants`` names, and, when it is marked ``unsettled``, the terminals a session
+    still in its busy period has yet to write."""
+    marker = node.get_closest_marker("breaks_invariants")
+    unsettled = (UNSETTLED,) if node.get_closest_marker("unsettled") else ()
+    return (*(marker.args if marker else ()), *unsettled)
+
+
 @pytest.fixture
 def checks_invariants() -> bool:
     """Whether the stores ``open_test_store`` opened are checked against the log invariants
@@ -194,8 +203,8 @@ async def open_test_store(
     request: pytest.FixtureRequest, target: Target, checks_invariants: bool
 ) -> AsyncIterator[StoreFactory]:
     """Open stores on the test's target (several may share it); all are closed afterwards,
-    after the invariant check where ``checks_invariants`` (minus the invariants of the test's
-    ``breaks_invariants`` marker)."""
+    after the invariant check where ``checks_invariants`` (minus what the test's markers
+    allow, ``allowed_breaks``)."""
     opened: list[Store] = []
 
     async def factory(**settings: object) -> Store:
@@ -209,8 +218,7 @@ async def open_test_store(
         passed = report is not None and report.passed
         unreadable = request.node.get_closest_marker("unchecked_log") is not None
         if checks_invariants and opened and passed and not unreadable:
-            marker = request.node.get_closest_marker("breaks_invariants")
-            await check_store(opened[0], allowed=marker.args if marker else ())
+            await check_store(opened[0], allowed=allowed_breaks(request.node))
     finally:
         for store in opened:
             await store.close()

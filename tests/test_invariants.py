@@ -11,7 +11,7 @@ from sessionflow.models import events as ev
 from sessionflow.models.common import ModelRef
 from store import Store
 from store.events import StoredEvent
-from tests.invariants import check_store, violations
+from tests.invariants import UNSETTLED, check_store, violations
 
 SID = "ses_checker"
 MSG = "msg_a"
@@ -154,3 +154,22 @@ async def test_projections_that_differ_from_a_rebuild_are_reported(store: Store)
     with pytest.raises(AssertionError, match=f"I9: {sid}'s messages differ from a rebuild"):
         await check_store(store, allowed=others)
     await check_store(store, allowed={"I9", *others})
+
+
+async def test_a_claimed_sessions_missing_terminals_fail_the_store_check(store: Store) -> None:
+    """The store check is strict for a claimed session too: a busy period left open (a step
+    never ended) fails it, unless the test says it ends mid busy period (``UNSETTLED``)."""
+    sid = (await store.sessions.create("/w")).id
+    claim = await store.claims.acquire(sid, "exec_1", "owner")
+    ids = {"session_id": sid, "assistant_message_id": MSG}
+    await store.append(
+        claim,
+        [
+            ev.ExecutionStarted(session_id=sid, execution_id="exec_1"),
+            ev.StepStarted(**ids, agent="build", model=MODEL),
+        ],
+    )
+    assert await store.claims.current(sid) is not None
+    with pytest.raises(AssertionError, match=f"{sid}: I5: step {MSG} has 0 terminal events"):
+        await check_store(store)
+    await check_store(store, allowed={UNSETTLED})

@@ -56,6 +56,7 @@ async def _state(store: Store, sid: str) -> tuple[Any, ...]:
     return [(e.type, e.execution_id, e.epoch) for e in log], claim, epoch[0]
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_first_claim_is_one_statement_on_postgresql(store: Store) -> None:
     sid = await new_session(store)
     with round_trips() as sent:
@@ -76,6 +77,7 @@ async def test_a_first_claim_is_one_statement_on_postgresql(store: Store) -> Non
     assert claim == [(_execution(sid, "exec_b"), 2, "ready")] and epoch == 2
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_the_one_statement_claim_claims_as_the_general_path_does(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,6 +139,7 @@ async def test_a_started_event_already_written_takes_the_general_path(store: Sto
     assert await _state(store, sid) == before
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_live_claim_of_another_is_held_and_nothing_is_written(store: Store) -> None:
     sid = await new_session(store)
     await _acquire(store, sid, "exec_a")
@@ -150,6 +153,7 @@ async def test_a_live_claim_of_another_is_held_and_nothing_is_written(store: Sto
     assert await _state(store, sid) == before
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_two_acquirers_racing_get_one_claim(store: Store) -> None:
     """Two executions claim the session at once: one gets it, the other is told it is held;
     one ``execution.started``, at epoch 1."""
@@ -166,6 +170,7 @@ async def test_two_acquirers_racing_get_one_claim(store: Store) -> None:
     assert claim == [(won[0].execution_id, 1, "ready")] and epoch == 1
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_claim_row_being_written_sends_the_claim_to_the_general_path_at_once(
     store: Store,
 ) -> None:

@@ -159,6 +159,7 @@ async def test_a_fenced_write_after_the_read_hands_the_end_to_the_general_path(
     assert usage == (0.5, TOKENS)  # counted once
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_refused_end_writes_nothing_not_even_its_phase(store: Store) -> None:
     """The fence refuses a stale attempt, a moved version, or events of another message: no
     event, no part, no usage, and the claim row as it was."""

@@ -98,6 +98,7 @@ async def test_acquiring_again_for_the_same_live_execution_returns_its_claim(sto
     assert again.epoch == first.epoch and again.expires_at >= first.expires_at
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_what_a_new_claim_starts_commits_with_it_stamped_or_not_at_all(store: Store) -> None:
     sid = await new_session(store)
     started = ev.ExecutionStarted(session_id=sid, execution_id="exec_a")
@@ -114,6 +115,7 @@ async def test_what_a_new_claim_starts_commits_with_it_stamped_or_not_at_all(sto
     assert await rows(store, "SELECT id FROM session_execution") == [("exec_a",)]
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_an_admission_during_an_acquisition_does_not_deadlock(store: Store) -> None:
     """The admission takes the sequence row, then the session row; so must the acquisition."""
     sid = await new_session(store)
@@ -667,6 +669,7 @@ async def test_a_delayed_write_past_its_real_expiry_is_never_committed_after_the
         await store.claims.renew(claim)
 
 
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_hold_past_the_lease_survives_every_write_path(store: Store) -> None:
     """A claim held past its lease (``extend_until``: a permission waiting for a person) is
     never shortened by a write that renews it: the hot path's deltas, a turn's parts-only

@@ -46,6 +46,7 @@ async def seqs(store: Store, sid: str) -> list[int]:
 
 
 @pytest.mark.breaks_invariants("I4")  # its step starts unclaimed (test_projector.start_step)
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_settlement_commits_the_event_and_the_part_together(store: Store) -> None:
     claim, run, before = await called(store)
     heard: list[StoredEvent] = []
@@ -65,6 +66,7 @@ async def test_a_settlement_commits_the_event_and_the_part_together(store: Store
 
 
 @pytest.mark.breaks_invariants("I4")  # its step starts unclaimed (test_projector.start_step)
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_part_that_changed_since_it_was_read_is_left_to_the_general_path(
     store: Store,
 ) -> None:
@@ -103,6 +105,7 @@ async def test_a_fenced_out_settlement_writes_nothing(store: Store) -> None:
 
 
 @pytest.mark.breaks_invariants("I4")  # its step starts unclaimed (test_projector.start_step)
+@pytest.mark.unsettled  # it ends inside a busy period
 async def test_a_held_calls_settlement_puts_the_claim_back_on_its_lease_once_no_call_waits(
     store: Store,
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from store import Store
+from tests.conftest import allowed_breaks
 from tests.workflows.harness import Harness, harness
 from tests.workflows.workers import WorkerProcess
 
@@ -17,8 +18,7 @@ from tests.workflows.workers import WorkerProcess
 async def h(
     request: pytest.FixtureRequest, temporal_env: WorkflowEnvironment, store: Store, tmp_path: Path
 ) -> AsyncIterator[Harness]:
-    marker = request.node.get_closest_marker("breaks_invariants")
-    breaks = marker.args if marker else ()
+    breaks = allowed_breaks(request.node)
     async with harness(temporal_env.client, store, tmp_path, breaks=breaks) as running:
         yield running
 
