@@ -112,7 +112,7 @@ def reap_orphans() -> list[int]:
     for record in directory.iterdir():
         with suppress(OSError, ValueError):
             worker, worker_start, *started = record.read_text().split()
-            if start_time(int(worker)) == worker_start:
+            if _runs(int(worker), worker_start):
                 continue  # its worker still runs it
             if record.name.startswith(_PENDING):
                 # The worker died between starting the command and recording its pid.
@@ -126,6 +126,15 @@ def reap_orphans() -> list[int]:
                 killed += _kill_carrying(started[1])
             record.unlink()
     return killed
+
+
+def _runs(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs: a killed worker
+    whose parent has not reaped it yet (a zombie) runs nothing any more."""
+    fields = _stat_fields(str(pid))
+    if fields is None or len(fields) <= 19 or fields[0] in (b"Z", b"X"):
+        return False
+    return fields[19].decode() == started
 
 
 def _kill_carrying(token: str) -> list[int]:

@@ -62,6 +62,26 @@ def test_a_command_whose_worker_died_before_recording_its_pid_is_still_reaped(
     assert not list(records.iterdir())
 
 
+def test_a_command_whose_killed_worker_is_not_yet_reaped_by_its_parent_is_reaped(
+    records: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
+    """A worker killed under a parent that has not waited for it yet is a zombie: its pid and
+    start time still read, but it runs nothing, so its commands are orphans (found by
+    ``bench/worker_faults.py``: they were left to run)."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    spawn.append(worker)
+    token = process.intend()
+    (records / f"pending-{token}").write_text(f"{worker.pid} {process.start_time(worker.pid)}")
+    proc = sleeper(spawn, token)
+    assert process.reap_orphans() == []  # its worker runs
+    worker.kill()
+    while (Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z":
+        time.sleep(0.01)  # a zombie: killed, not waited for
+    assert process.reap_orphans() == [proc.pid]
+    assert proc.wait(timeout=5) == -9
+    worker.wait(timeout=5)
+
+
 def test_a_live_workers_command_is_left_alone_before_and_after_its_pid_is_recorded(
     records: Path, spawn: list[subprocess.Popen[bytes]]
 ) -> None:
