@@ -26,9 +26,11 @@ from store import Store
 from store.claims import Claim
 from store.events import StoredEvent
 from tests.conftest import StoreFactory, Target
+from tests.invariants import UNSETTLED
 from tests.store.helpers import expire_claim
 from tests.workflows.harness import Harness, call, harness
-from tests.workflows.workers import WorkerProcess
+from tests.workflows.operator_actions import reset_workflow
+from tests.workflows.workers import WorkerProcess, live_with, recorded_in, sleep_marker
 from workflows.options import TOOL
 
 
@@ -287,7 +289,9 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
     workers: list[WorkerProcess],
 ) -> None:
     """Catalogue F2: a paused owner. F9: its run ends without writing after the takeover."""
-    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+    async with harness(
+        temporal_env.client, store, tmp_path, start_worker=False, breaks={UNSETTLED}
+    ) as h:
         paused = WorkerProcess(
             temporal_env, target, h.client.task_queue, SESSIONFLOW_LEASE_MS="1500"
         )
@@ -348,22 +352,6 @@ async def _expired_any(store: Store, sid: str) -> bool:
     return sid in await store.claims.expired()
 
 
-def _live_with(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
 def _parent(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -394,8 +382,10 @@ async def test_a_killed_workers_contained_tool_processes_die_with_it(
     ``test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_...``)."""
     from activities.tools.process import reap_orphans
 
-    marker = f"{uuid.uuid4().int % 900 + 100}.{uuid.uuid4().int % 1000}"
-    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+    marker = sleep_marker()
+    async with harness(
+        temporal_env.client, store, tmp_path, start_worker=False, breaks={UNSETTLED}
+    ) as h:
         doomed = WorkerProcess(temporal_env, target, h.client.task_queue, SESSIONFLOW_SANDBOX="on")
         workers.append(doomed)
         await doomed.ready()
@@ -405,21 +395,21 @@ async def test_a_killed_workers_contained_tool_processes_die_with_it(
             permissions=[{"tool": "bash", "action": "allow"}],
         )
         await h.client.prompt(sid, "Go")
-        await h.until(lambda: bool(_live_with(f"sleep {marker}")), timeout=30)
+        await h.until(lambda: bool(live_with(f"sleep {marker}")), timeout=30)
         # The worker records the group just after it starts: kill it once that is durable.
-        await h.until(lambda: _recorded(_live_with(f"sleep {marker}")), timeout=10)
-        bubblewrap = [p for p in _live_with(f"sleep {marker}") if _parent(p) == doomed.process.pid]
+        await h.until(lambda: _recorded(live_with(f"sleep {marker}")), timeout=10)
+        bubblewrap = [p for p in live_with(f"sleep {marker}") if _parent(p) == doomed.process.pid]
         assert len(bubblewrap) == 1
         doomed.signal(signal.SIGKILL)
         doomed.stop()
         # bubblewrap dies with the worker: it arms its parent-death signal before it lets the
         # sandbox start.
-        await h.until(lambda: bubblewrap[0] not in _live_with(f"sleep {marker}"), timeout=10)
+        await h.until(lambda: bubblewrap[0] not in live_with(f"sleep {marker}"), timeout=10)
         # The sandbox's PID 1 and the command die with bubblewrap, unless the worker died in
         # the moment before that PID 1 armed its own signal (seen 7 times in 400 kills here);
         # then a worker's reap ends them, found by the token in their environment.
         reap_orphans()
-        await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
+        await h.until(lambda: not live_with(f"sleep {marker}"), timeout=10)
 
 
 async def test_a_retry_after_longer_than_the_lease_keeps_the_claim(short_lease: Harness) -> None:
@@ -440,21 +430,6 @@ def _records(tmp_path: Path) -> Path:
     root = tmp_path / "processes"
     root.mkdir()
     return root
-
-
-def _marker() -> str:
-    """A ``sleep`` argument no other process on the host uses, to find the tool's process."""
-    return f"{uuid.uuid4().int % 900 + 1000}.{uuid.uuid4().int % 1000}"
-
-
-def _recorded_in(root: Path, pids: list[int]) -> list[int]:
-    """The process groups of ``pids`` that a worker recorded (``SESSIONFLOW_PROCESS_DIR=root``)."""
-    directory = root / f"sessionflow-processes-{os.getuid()}-local"  # the local host's
-    groups = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            groups.add(os.getpgid(pid))
-    return sorted(g for g in groups if (directory / str(g)).exists())
 
 
 async def _tool_failures(h: Harness, sid: str) -> list[str]:
@@ -485,8 +460,10 @@ async def test_a_paused_worker_stops_its_tool_processes_once_its_renewal_is_refu
     claim over and appends; SIGCONT. A's next renewal is refused (``ClaimLostError``, in the
     run's history), which cancels the call and kills its process group; no write of A lands
     after the takeover, and B's appends before and after A resumed follow each other."""
-    marker, records = _marker(), _records(tmp_path)
-    async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
+    marker, records = sleep_marker(), _records(tmp_path)
+    async with harness(
+        temporal_env.client, store, tmp_path, start_worker=False, breaks={UNSETTLED}
+    ) as h:
         paused = WorkerProcess(
             temporal_env,
             target,
@@ -503,8 +480,8 @@ async def test_a_paused_worker_stops_its_tool_processes_once_its_renewal_is_refu
             permissions=[{"tool": "bash", "action": "allow"}],
         )
         await h.client.prompt(sid, "Go")
-        await h.until(lambda: _recorded_in(records, _live_with(f"sleep {marker}")), timeout=30)
-        tool = _live_with(f"sleep {marker}")
+        await h.until(lambda: recorded_in(records, live_with(f"sleep {marker}")), timeout=30)
+        tool = live_with(f"sleep {marker}")
         async with _outside_a_write(target):
             paused.signal(signal.SIGSTOP)
         await h.until(lambda: _expired_any(h.store, sid), timeout=30)
@@ -513,14 +490,14 @@ async def test_a_paused_worker_stops_its_tool_processes_once_its_renewal_is_refu
         successor = await h.store.claims.acquire(sid, "exec_b", "owner-b", lease_ms=60_000)
         taken_at = await h.store.events.latest_sequence(sid)
         await _append_as(h.store, successor, "b before A resumed")
-        assert _live_with(f"sleep {marker}") == tool  # a paused worker kills nothing
+        assert live_with(f"sleep {marker}") == tool  # a paused worker kills nothing
         paused.signal(signal.SIGCONT)
-        await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=30)
+        await h.until(lambda: not live_with(f"sleep {marker}"), timeout=30)
         await h.until(_idle(h, sid), timeout=30)
         await _append_as(h.store, successor, "b after A resumed")
         refusals = [f for f in await _tool_failures(h, sid) if f.startswith("ClaimLostError")]
         assert refusals and "taken over by execution exec_b" in refusals[0], refusals
-        assert _recorded_in(records, tool) == []  # untracked: killed by its own worker
+        assert recorded_in(records, tool) == []  # untracked: killed by its own worker
         late = [e for e in await h.events(sid) if e.seq > taken_at]
         assert [(e.type, e.data["text"]) for e in late] == [
             ("session.synthetic", "b before A resumed"),
@@ -546,7 +523,7 @@ async def test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_the_nex
     worker on the host kills it at start-up, before it polls (its reaper's record is gone once
     it reports ready); the call settles once, as outcome-unknown (not re-run), the model is
     asked again and the session succeeds."""
-    marker, records = _marker(), _records(tmp_path)
+    marker, records = sleep_marker(), _records(tmp_path)
     env = {"SESSIONFLOW_SANDBOX": "off", "SESSIONFLOW_PROCESS_DIR": str(records)}
     async with harness(temporal_env.client, store, tmp_path, start_worker=False) as h:
         doomed = WorkerProcess(temporal_env, target, h.client.task_queue, own_group=True, **env)
@@ -558,17 +535,17 @@ async def test_killing_a_workers_process_group_mid_tool_leaves_an_orphan_the_nex
             permissions=[{"tool": "bash", "action": "allow"}],
         )
         await h.client.prompt(sid, "Go")
-        await h.until(lambda: _recorded_in(records, _live_with(f"sleep {marker}")), timeout=30)
-        orphan = _live_with(f"sleep {marker}")
+        await h.until(lambda: recorded_in(records, live_with(f"sleep {marker}")), timeout=30)
+        orphan = live_with(f"sleep {marker}")
         doomed.signal_group(signal.SIGKILL)
         assert await doomed.exited() == -signal.SIGKILL
-        assert _live_with(f"sleep {marker}") == orphan  # it outlived its worker's group
-        assert _recorded_in(records, orphan)
+        assert live_with(f"sleep {marker}") == orphan  # it outlived its worker's group
+        assert recorded_in(records, orphan)
         successor = WorkerProcess(temporal_env, target, h.client.task_queue, **env)
         workers.append(successor)
         await successor.ready()
-        assert _recorded_in(records, orphan) == []  # reaped before the worker polled
-        await h.until(lambda: not _live_with(f"sleep {marker}"), timeout=10)
+        assert recorded_in(records, orphan) == []  # reaped before the worker polled
+        await h.until(lambda: not live_with(f"sleep {marker}"), timeout=10)
         await h.client.wait_idle(sid, timeout=60)
     events = [e for e in await h.events(sid) if e.data.get("call_id") == "b1"]
     kinds = [e.type for e in events if not e.type.startswith("session.tool.input")]
@@ -643,41 +620,50 @@ async def _stored(h: Harness, sid: str) -> list[StoredEvent]:
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("takeover", ["sweep", "reset-last", "reset-first"])
 async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_that_took_over(
     temporal_env: WorkflowEnvironment,
     open_test_store: StoreFactory,
     target: Target,
     tmp_path: Path,
     workers: list[WorkerProcess],
+    takeover: str,
 ) -> None:
     """Catalogue F2 and F9 with two real writers. The session's tools run on host ``a``, whose
     only worker is process A (one activity slot: while its tool runs it has no poll open, so
     a stopped A swallows no task); B, the in-process worker, runs the workflow and the turns
-    (lease 1.5 s). A runs the ``gate`` tool, writes its progress and is SIGSTOPped until its
-    claim lapses by the database clock; the drain's run is terminated (as the tool's
-    heartbeat timeout would end it, seconds later); the sweep's drain on B takes over
-    (epoch + 1) and starts its turn. A resumes mid-turn, within the heartbeat timeout (later,
-    its own worker would cancel the timed-out call before it wrote anything) and with its
-    link to Temporal held (else Temporal's "no such activity" could cancel it first): its
-    tool returns and its settlement is refused, once, non-retryably (``ClaimLostError``,
-    "taken over by" B's execution). B's turn then ends; no event after the pause is the
-    stale execution's."""
+    (lease 1.5 s). A runs the ``gate`` tool, writes its progress and is SIGSTOPped. Then
+    another execution takes over:
+
+    - ``sweep``: A's claim lapses by the database clock; the drain's run is terminated (as
+      the tool's heartbeat timeout would end it, seconds later); the sweep's drain on B takes
+      over (epoch + 1) and starts its turn;
+    - ``reset-last`` / ``reset-first`` (issue 29, the operator's Reset, claim still live): a
+      second tools-only worker A2 of host ``a`` is there to run the reset run's tool. Reset to
+      the last workflow task replays the claim into the new run, which becomes its owner
+      (same execution and epoch) and runs the call again on A2; reset to the first takes the
+      claim over at once (epoch + 1: its owner's run is closed) and settles the old call.
+
+    A resumes mid-turn (the successor's turn is held at its gate), within the heartbeat
+    timeout (later, its own worker would cancel the timed-out call before it wrote anything)
+    and with its link to Temporal held (else Temporal's "no such activity" could cancel it
+    first): its tool returns and its settlement is refused, once, non-retryably
+    (``ClaimLostError``, "taken over by" B's execution, or "owned by" the reset run). The
+    successor's turn then ends; no event after the pause is the stale run's."""
     store = await open_test_store(lease_ms=1500)
     log = str(tmp_path / "a.log")
+    tools_worker = {
+        "SESSIONFLOW_HOST": "a",
+        "SESSIONFLOW_SERVE": "tools",
+        "SESSIONFLOW_LEASE_MS": "1500",
+        "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES": "1",
+    }
     async with (
         harness(temporal_env.client, store, tmp_path) as h,
         Link(temporal_env.client.service_client.config.target_host) as link,
     ):
         a = WorkerProcess(
-            temporal_env,
-            target,
-            h.client.task_queue,
-            address=link.address,
-            log=log,
-            SESSIONFLOW_HOST="a",
-            SESSIONFLOW_SERVE="tools",
-            SESSIONFLOW_LEASE_MS="1500",
-            SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES="1",
+            temporal_env, target, h.client.task_queue, address=link.address, log=log, **tools_worker
         )
         workers.append(a)
         await a.ready()
@@ -688,15 +674,32 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
         )
         await h.client.prompt(sid, "Go")
         stale_run = (await h.client._handle(sid).describe()).run_id
+        assert stale_run is not None
         await h.until(lambda: _has(h, sid, "session.tool.progress"), timeout=30)
+        before = await h.store.claims.current(sid)
+        assert before is not None
+        if takeover != "sweep":  # the host's second worker, polling while A's one slot is busy
+            a2 = WorkerProcess(
+                temporal_env,
+                target,
+                h.client.task_queue,
+                log=str(tmp_path / "a2.log"),
+                **tools_worker,
+            )
+            workers.append(a2)
+            await a2.ready()
         async with _outside_a_write(target):
             a.signal(signal.SIGSTOP)
         paused = asyncio.get_running_loop().time()
         paused_at = await h.store.events.latest_sequence(sid)
-        await h.until(lambda: _expired_any(h.store, sid))
-        # What the tool's heartbeat timeout does 5 s after the pause: the drain's run ends.
-        await h.client._handle(sid).terminate("its tool's worker stopped answering")
-        assert (await sweep(h, temporal_env)).woken == (sid,)
+        if takeover == "sweep":
+            await h.until(lambda: _expired_any(h.store, sid))
+            # What the tool's heartbeat timeout does 5 s after the pause: the drain's run ends.
+            await h.client._handle(sid).terminate("its tool's worker stopped answering")
+            assert (await sweep(h, temporal_env)).woken == (sid,)
+        else:
+            await reset_workflow(h.client.temporal, h.client._handle(sid).id, to=takeover[6:])
+            h.open_gate("a")  # for A2, running the call again (A, stopped, cannot see it)
         await h.until(lambda: len(h.requests()) == 2)  # B's turn streams, held at its gate
         # A resumes within its tool's heartbeat timeout: its worker still runs the call.
         assert TOOL.heartbeat is not None
@@ -713,14 +716,21 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
         a.stop()
         events = await _stored(h, sid)
     # A wrote before the pause: its progress, under the stale execution.
-    (stale,) = [e for e in events if isinstance(e.data, ev.ToolProgress)]
+    (stale, *again) = [e for e in events if isinstance(e.data, ev.ToolProgress)]
     assert isinstance(stale.data, ev.ToolProgress) and stale.epoch is not None
     assert stale.data.host == "a" and stale.seq <= paused_at
-    assert stale.execution_id != taken.execution_id and taken.epoch == stale.epoch + 1
+    assert (stale.execution_id, stale.epoch) == (before.execution_id, before.epoch)
+    if takeover == "reset-last":  # the claim carried on, under its new owner
+        assert (taken.execution_id, taken.epoch) == (before.execution_id, before.epoch)
+        assert taken.owner_id != before.owner_id and stale_run in before.owner_id
+        assert len(again) == 1 and again[0].seq > paused_at  # A2 ran the call again
+    else:
+        assert taken.execution_id != stale.execution_id and taken.epoch == stale.epoch + 1
     late = [e for e in events if e.seq > paused_at]
     assert {(e.execution_id, e.epoch) for e in late} == {(taken.execution_id, taken.epoch)}
     kinds = [e.data.type for e in late if not e.data.type.endswith(".delta")]
-    assert kinds[0] == "session.execution.started"
+    if takeover != "reset-last":
+        assert kinds[0] == "session.execution.started"
     *_, turn = [i for i, kind in enumerate(kinds) if kind == "session.step.started"]
     assert kinds[turn:] == [
         "session.step.started",
@@ -734,10 +744,11 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
     assert "".join(getattr(part, "text", "") for part in answer.content) == "answered on b"
     (refusal,) = _refusals(log)  # A's one attempt, failed once
     assert "'activity_type': 'run_tool', 'attempt': 1" in refusal and stale_run in refusal
-    assert (
-        f"ClaimLostError: Claim on session {sid} lost by execution {stale.execution_id}: "
-        f"taken over by execution {taken.execution_id}" in refusal
-    ), refusal
+    lost = f"ClaimLostError: Claim on session {sid} lost by execution {stale.execution_id}: "
+    if takeover == "reset-last":
+        assert f"{lost}owned by {taken.owner_id}, not {before.owner_id}" in refusal, refusal
+    else:
+        assert f"{lost}taken over by execution {taken.execution_id}" in refusal, refusal
 
 
 async def _has(h: Harness, sid: str, kind: str) -> bool:

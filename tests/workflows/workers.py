@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
@@ -76,3 +78,34 @@ class WorkerProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+
+
+def live_with(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def sleep_marker() -> str:
+    """A ``sleep`` argument no other process on the host uses, to find the tool's process."""
+    return f"{uuid.uuid4().int % 900 + 1000}.{uuid.uuid4().int % 1000}"
+
+
+def recorded_in(root: Path, pids: list[int]) -> list[int]:
+    """The process groups of ``pids`` that a worker recorded (``SESSIONFLOW_PROCESS_DIR=root``)."""
+    directory = root / f"sessionflow-processes-{os.getuid()}-local"  # the local host's
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    return sorted(g for g in groups if (directory / str(g)).exists())
