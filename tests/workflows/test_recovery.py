@@ -753,3 +753,67 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
 
 async def _has(h: Harness, sid: str, kind: str) -> bool:
     return any(e.data.type == kind for e in await _stored(h, sid))
+
+
+async def test_a_tool_task_lost_between_its_poll_and_its_start_is_found_and_run_again(
+    temporal_env: WorkflowEnvironment,
+    store: Store,
+    target: Target,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    """Catalogue C7, the task lost between poll and start: the only tools worker of host
+    ``a`` (process A) reaches Temporal through a link the test holds while A's poll is open.
+    The server hands A the session's ``run_tool`` task (the attempt is started, as the
+    server sees it) and the answer stops in the link: A never starts it, and is then killed.
+    The attempt's heartbeat timeout finds the lost task, Temporal runs attempt 2 on A2, a
+    second worker of the host started after the kill, and the call settles once; nothing of
+    the call was written before A2 ran it."""
+    tools = {"SESSIONFLOW_HOST": "a", "SESSIONFLOW_SERVE": "tools"}
+    async with (
+        harness(temporal_env.client, store, tmp_path) as h,
+        Link(temporal_env.client.service_client.config.target_host) as link,
+    ):
+        a = WorkerProcess(temporal_env, target, h.client.task_queue, address=link.address, **tools)
+        workers.append(a)
+        await a.ready()
+        sid = await h.session(
+            [call("g1", "gate", text="ran", progress="running")],
+            [{"text": "after the lost task"}],
+            host="a",
+        )
+        link.flowing.clear()  # A's open polls can take a task, whose answer never reaches A
+        await h.client.prompt(sid, "Go")
+
+        async def started_on_a() -> bool:
+            pending = (await h.client._handle(sid).describe()).raw_description.pending_activities
+            return any(
+                p.activity_type.name == "run_tool" and p.attempt == 1 and p.last_worker_identity
+                for p in pending
+            )
+
+        await h.until(started_on_a, timeout=30)
+        a.stop()  # A dies with the task it never saw
+        assert not await _has(h, sid, "session.tool.progress")
+        a2 = WorkerProcess(temporal_env, target, h.client.task_queue, **tools)
+        workers.append(a2)
+        await a2.ready()
+        await h.client.wait_idle(sid, timeout=60)
+        link.flowing.set()
+        events = await _stored(h, sid)
+        history = [e async for e in h.client._handle(sid).fetch_history_events()]
+    kinds = [e.data.type for e in events if getattr(e.data, "call_id", None) == "g1"]
+    assert kinds.count("session.tool.called") == 1 and kinds.count("session.tool.progress") == 1
+    assert kinds[-1] == "session.tool.success"
+    assert [e.data.type for e in events][-1] == "session.execution.succeeded"
+    runs = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history
+        if e.HasField("activity_task_started_event_attributes")
+        and any(
+            s.event_id == e.activity_task_started_event_attributes.scheduled_event_id
+            and s.activity_task_scheduled_event_attributes.activity_type.name == "run_tool"
+            for s in history
+        )
+    ]
+    assert runs == [2]  # attempt 1 was lost; the retry ran it
