@@ -6,6 +6,10 @@ each row; ``bench/faults.py`` times the store's own faults.
 Each case is the catalogue's fault, made for real: worker processes on a dev server of the
 venv's ``temporal``, the scripted model, the test tools (``tests/workflows/worker_proc.py``).
 
+- F2 (a paused owner): a worker (lease 1.5 s) running ``bash sleep`` is SIGSTOPped until its
+  claim expires by the database clock; another execution takes the claim over; SIGCONT.
+  Timed from the SIGCONT: the tool's process gone, killed by its own worker once its renewal
+  is refused (bound: one renew interval, lease / 3).
 - C1 (SIGKILL mid-tool): a worker leading a process group of its own runs ``bash sleep``
   (unsandboxed, so the command outlives the group kill: an orphan); the whole group is
   killed and a successor started. Timed from the kill: the orphan gone (bound: 2 leases,
@@ -31,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,16 +51,19 @@ from bench.faults import row  # noqa: E402
 from sessionflow.cli import leave  # noqa: E402
 from store import Store  # noqa: E402
 from tests.conftest import Target  # noqa: E402
+from tests.invariants import UNSETTLED  # noqa: E402
 from tests.pgcluster import Cluster  # noqa: E402
 from tests.workflows.harness import Harness, call, harness  # noqa: E402
 from tests.workflows.workers import (  # noqa: E402
     WorkerProcess,
     live_with,
+    outside_a_write,
     recorded_in,
     sleep_marker,
 )
 
 LEASE_S = 30.0  # the claim's default lease
+F2_LEASE_MS = 1500  # F2's paused owner: renewed every lease / 3
 GRACE_S = 1.0
 DOWN_S = 2.0
 
@@ -113,6 +121,51 @@ async def sigkill_mid_tool(
     finally:
         for worker in started:
             worker.stop()
+
+
+async def paused_owner_resumes(
+    env: WorkflowEnvironment, store: Store, target: Target, root: Path
+) -> float:
+    """F2: seconds from a paused owner's SIGCONT to its tool's process gone (its claim was
+    taken over while it was stopped)."""
+    marker, records = sleep_marker(), root / "processes"
+    records.mkdir()
+    started: list[WorkerProcess] = []
+    try:
+        async with harness(env.client, store, root, start_worker=False, breaks={UNSETTLED}) as h:
+            paused = WorkerProcess(
+                env,
+                target,
+                h.client.task_queue,
+                log=str(root / "paused.log"),  # its refusals, expected
+                SESSIONFLOW_LEASE_MS=str(F2_LEASE_MS),
+                SESSIONFLOW_SANDBOX="off",
+                SESSIONFLOW_PROCESS_DIR=str(records),
+            )
+            started.append(paused)
+            await paused.ready()
+            sid = await h.session(
+                [call("b1", "bash", command=f"sleep {marker}")],
+                [{"text": "never asked"}],
+                permissions=[{"tool": "bash", "action": "allow"}],
+            )
+            await h.client.prompt(sid, "Go")
+            await h.until(lambda: bool(recorded_in(records, live_with(f"sleep {marker}"))))
+            async with outside_a_write(target):
+                paused.signal(signal.SIGSTOP)
+            await h.until(lambda: _expired(h.store, sid), timeout=60)
+            successor = f"exec_successor_{uuid.uuid4().hex[:8]}"
+            await h.store.claims.acquire(sid, successor, "successor", lease_ms=60_000)
+            paused.signal(signal.SIGCONT)
+            resumed = time.monotonic()
+            return await _since(h, resumed, _gone(marker))
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+async def _expired(store: Store, sid: str) -> bool:
+    return sid in await store.claims.expired()
 
 
 def _gone(marker: str) -> Callable[[], Awaitable[bool]]:
@@ -223,9 +276,15 @@ async def measure(env: WorkflowEnvironment, database: str, rounds: int) -> bool:
                     await sigterm_during_tools(env, store, target, _fresh(base, f"c8-{n}"))
                     for n in range(rounds)
                 ]
+                # Last: each leaves its session claimed by the test's successor, unsettled.
+                f2 = [
+                    await paused_owner_resumes(env, store, target, _fresh(base, f"f2-{n}"))
+                    for n in range(rounds)
+                ]
             finally:
                 await store.close()
-            ok = row("C1 orphan gone after SIGKILL", [r for r, _ in c1], 2 * LEASE_S)
+            ok = row("F2 tool gone after the owner resumed", f2, F2_LEASE_MS / 3000)
+            ok &= row("C1 orphan gone after SIGKILL", [r for r, _ in c1], 2 * LEASE_S)
             ok &= row("C1 session idle after SIGKILL", [i for _, i in c1], 2 * LEASE_S)
             ok &= row("C8 worker exited after SIGTERM", [e for e, _ in c8], GRACE_S + 5)
             print(f"  {'C8 session idle after SIGTERM':<34} " + _figures([i for _, i in c8]))

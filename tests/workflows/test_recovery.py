@@ -6,11 +6,9 @@ import asyncio
 import contextlib
 import os
 import signal
-import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,13 @@ from tests.invariants import UNSETTLED
 from tests.store.helpers import expire_claim
 from tests.workflows.harness import Harness, call, harness
 from tests.workflows.operator_actions import reset_workflow
-from tests.workflows.workers import WorkerProcess, live_with, recorded_in, sleep_marker
+from tests.workflows.workers import (
+    WorkerProcess,
+    live_with,
+    outside_a_write,
+    recorded_in,
+    sleep_marker,
+)
 from workflows.options import TOOL
 
 
@@ -300,7 +304,7 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
         sid = await h.session([{"text": "x" * 400, "chunks": 400, "delay_ms": 20}])
         await h.client.prompt(sid, "Go")
         await h.until(lambda: _deltas(h, sid, 20))
-        async with _outside_a_write(target):
+        async with outside_a_write(target):
             paused.signal(signal.SIGSTOP)
         await h.until(lambda: _expired_any(h.store, sid), timeout=30)
         stale = await h.store.claims.current(sid)
@@ -315,26 +319,6 @@ async def test_a_paused_worker_whose_lease_expired_cannot_write_after_it_resumes
         assert successor.epoch == stale.epoch + 1
         current = await h.store.claims.current(sid)
         assert current is not None and current.execution_id == "exec_successor"
-
-
-@contextlib.asynccontextmanager
-async def _outside_a_write(target: Target) -> AsyncIterator[None]:
-    """On SQLite, hold the file's write lock meanwhile: a worker stopped inside a write would
-    keep the lock, and with it every other writer out (the takeover included), until it
-    resumes. The worker may be stopped waiting for the lock, holding nothing. PostgreSQL's
-    server ends a stopped client's transaction itself (its idle bound, lease / 2)."""
-    if target.backend != "sqlite":
-        yield
-        return
-    path = target.url.removeprefix("sqlite+aiosqlite:///")
-    connect = partial(sqlite3.connect, timeout=30, isolation_level=None, check_same_thread=False)
-    lock = await asyncio.to_thread(connect, path)
-    try:
-        await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")
-        yield
-        lock.execute("ROLLBACK")
-    finally:
-        lock.close()
 
 
 def _idle(h: Harness, sid: str):  # type: ignore[no-untyped-def]
@@ -482,7 +466,7 @@ async def test_a_paused_worker_stops_its_tool_processes_once_its_renewal_is_refu
         await h.client.prompt(sid, "Go")
         await h.until(lambda: recorded_in(records, live_with(f"sleep {marker}")), timeout=30)
         tool = live_with(f"sleep {marker}")
-        async with _outside_a_write(target):
+        async with outside_a_write(target):
             paused.signal(signal.SIGSTOP)
         await h.until(lambda: _expired_any(h.store, sid), timeout=30)
         stale = await h.store.claims.current(sid)
@@ -688,7 +672,7 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
             )
             workers.append(a2)
             await a2.ready()
-        async with _outside_a_write(target):
+        async with outside_a_write(target):
             a.signal(signal.SIGSTOP)
         paused = asyncio.get_running_loop().time()
         paused_at = await h.store.events.latest_sequence(sid)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
@@ -109,3 +112,23 @@ def recorded_in(root: Path, pids: list[int]) -> list[int]:
         with contextlib.suppress(OSError):
             groups.add(os.getpgid(pid))
     return sorted(g for g in groups if (directory / str(g)).exists())
+
+
+@contextlib.asynccontextmanager
+async def outside_a_write(target: Target) -> AsyncIterator[None]:
+    """On SQLite, hold the file's write lock meanwhile: a worker stopped inside a write would
+    keep the lock, and with it every other writer out (the takeover included), until it
+    resumes. The worker may be stopped waiting for the lock, holding nothing. PostgreSQL's
+    server ends a stopped client's transaction itself (its idle bound, lease / 2)."""
+    if target.backend != "sqlite":
+        yield
+        return
+    path = target.url.removeprefix("sqlite+aiosqlite:///")
+    connect = partial(sqlite3.connect, timeout=30, isolation_level=None, check_same_thread=False)
+    lock = await asyncio.to_thread(connect, path)
+    try:
+        await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")
+        yield
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
