@@ -132,7 +132,11 @@ def _runs(pid: int, started: str) -> bool:
     """Whether the process ``pid`` that started at ``started`` still runs: a killed worker
     whose parent has not reaped it yet (a zombie) runs nothing any more."""
     fields = _stat_fields(str(pid))
-    if fields is None or len(fields) <= 19 or fields[0] in (b"Z", b"X"):
+    if fields is None:
+        # Gone, or no /proc (macOS): then the start times compare as unknown, "?" == "?",
+        # and the worker counts as running (no reaping where nothing can be told apart).
+        return start_time(pid) == started
+    if len(fields) <= 19 or fields[0] in (b"Z", b"X"):
         return False
     return fields[19].decode() == started
 

@@ -68,18 +68,38 @@ def test_a_command_whose_killed_worker_is_not_yet_reaped_by_its_parent_is_reaped
     """A worker killed under a parent that has not waited for it yet is a zombie: its pid and
     start time still read, but it runs nothing, so its commands are orphans (found by
     ``bench/worker_faults.py``: they were left to run)."""
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    # A session of its own, so the spawn fixture's group kill ends it if the test fails.
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
+    )
     spawn.append(worker)
     token = process.intend()
     (records / f"pending-{token}").write_text(f"{worker.pid} {process.start_time(worker.pid)}")
     proc = sleeper(spawn, token)
     assert process.reap_orphans() == []  # its worker runs
     worker.kill()
-    while (Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z":
-        time.sleep(0.01)  # a zombie: killed, not waited for
+    for _ in range(1000):  # a zombie: killed, not waited for
+        if Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"the killed worker {worker.pid} never became a zombie")
     assert process.reap_orphans() == [proc.pid]
     assert proc.wait(timeout=5) == -9
     worker.wait(timeout=5)
+
+
+def test_without_proc_nothing_is_reaped(
+    records: Path, spawn: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is no ``/proc`` (macOS), no worker can be told gone: its command runs on."""
+    token = process.intend()
+    proc = sleeper(spawn, token)
+    monkeypatch.setattr(process, "_stat_fields", lambda pid: None)  # before it is recorded
+    process.track(proc.pid, token)
+    assert process.reap_orphans() == []
+    assert proc.poll() is None
+    process.untrack(proc.pid)
 
 
 def test_a_live_workers_command_is_left_alone_before_and_after_its_pid_is_recorded(
