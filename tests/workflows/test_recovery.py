@@ -634,12 +634,15 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
     first): its tool returns and its settlement is refused, once, non-retryably
     (``ClaimLostError``, "taken over by" B's execution, or "owned by" the reset run). The
     successor's turn then ends; no event after the pause is the stale run's."""
-    store = await open_test_store(lease_ms=1500)
+    # The sweep needs the claim to lapse; a reset takes it live (a short lease would race
+    # the reset run's reown against the stopped owner's expiry).
+    lease_ms = 1500 if takeover == "sweep" else 60_000
+    store = await open_test_store(lease_ms=lease_ms)
     log = str(tmp_path / "a.log")
     tools_worker = {
         "SESSIONFLOW_HOST": "a",
         "SESSIONFLOW_SERVE": "tools",
-        "SESSIONFLOW_LEASE_MS": "1500",
+        "SESSIONFLOW_LEASE_MS": str(lease_ms),
         "SESSIONFLOW_MAX_CONCURRENT_ACTIVITIES": "1",
     }
     async with (
@@ -709,6 +712,7 @@ async def test_a_paused_tool_worker_resuming_mid_turn_is_refused_by_the_drain_th
         assert taken.owner_id != before.owner_id and stale_run in before.owner_id
         assert len(again) == 1 and again[0].seq > paused_at  # A2 ran the call again
     else:
+        assert again == [] if takeover == "sweep" else all(e.seq > paused_at for e in again)
         assert taken.execution_id != stale.execution_id and taken.epoch == stale.epoch + 1
     late = [e for e in events if e.seq > paused_at]
     assert {(e.execution_id, e.epoch) for e in late} == {(taken.execution_id, taken.epoch)}
