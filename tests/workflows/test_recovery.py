@@ -804,4 +804,6 @@ async def test_a_tool_task_lost_between_its_poll_and_its_start_is_found_and_run_
             for s in history
         )
     ]
-    assert runs == [2]  # attempt 1 was lost; the retry ran it
+    # Attempt 1 was lost; a later one ran it (the link keeps A's dead polls open on the
+    # server's side, so attempt 2 may be handed to one of them and be lost too).
+    assert len(runs) == 1 and runs[0] >= 2, runs
